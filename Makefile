@@ -1,0 +1,73 @@
+# stockade — build, test, demo. `make`, `make check`, `make demo`, `make SAN=1 check`.
+CC      ?= cc
+PYTHON  := /usr/bin/python3
+PKGS    := lua5.4 msgpack libseccomp
+DEPS    := contrib/deps-debian.sh
+
+VARIANT := $(if $(SAN),san,rel)
+B       := build/$(VARIANT)
+
+WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+HARDEN  := -fPIE -fstack-protector-strong -D_FORTIFY_SOURCE=2 -fno-strict-aliasing
+SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+OPT     := $(if $(SAN),-O1 -g $(SANFLAGS),-O2 -g)
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(WARN) $(HARDEN) $(OPT) -Icore -I$(B) \
+           $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LDFLAGS += -pie -Wl,-z,noexecstack -Wl,-z,relro -Wl,-z,now $(if $(SAN),$(SANFLAGS))
+LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm
+
+CORE_SRC := $(filter-out core/main.c,$(wildcard core/*.c))
+CORE_OBJ := $(CORE_SRC:core/%.c=$(B)/%.o) $(B)/lua_embed.o
+LUA_SRC  := $(wildcard lua/*.lua)
+UNIT_SRC := $(wildcard tests/unit/test_*.c)
+UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/%)
+
+.PHONY: all deps check check-unit check-lua check-integration demo clean
+all: stockade
+
+# ./stockade is a copy of the variant just built, so `make SAN=1 check` tests the sanitized one.
+stockade: $(B)/stockade FORCE
+	@cmp -s $< $@ || cp $< $@
+FORCE:
+
+$(B)/stockade: $(B)/main.o $(CORE_OBJ)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/%.o: core/%.c $(wildcard core/*.h) | $(B)/.dir
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+# The bundled Lua (lua/*.lua) is compiled into the binary so that a policy always meets
+# the API version the core was built with.
+$(B)/lua_embed.c: $(LUA_SRC) contrib/embed-lua.sh | $(B)/.dir
+	sh contrib/embed-lua.sh $(LUA_SRC) > $@
+$(B)/lua_embed.o: $(B)/lua_embed.c
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(B)/test_%: tests/unit/test_%.c tests/unit/check.h $(CORE_OBJ)
+	$(CC) $(CFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(CORE_OBJ) $(LDLIBS)
+
+$(B)/.dir:
+	@mkdir -p $(B) && touch $@
+
+deps:
+	@sh $(DEPS)
+
+check: deps
+	@$(MAKE) --no-print-directory all $(UNIT_BIN)
+	@$(MAKE) --no-print-directory check-unit check-lua check-integration
+
+check-unit: $(UNIT_BIN)
+	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
+
+check-lua:
+	@set -e; for t in $(wildcard tests/lua/test_*.lua); do echo "== $$t"; ./stockade test $$t; done
+
+check-integration: stockade
+	STOCKADE_BIN=$(CURDIR)/stockade $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@sh contrib/demo.sh
+
+clean:
+	rm -rf build stockade

@@ -1,0 +1,519 @@
+#include "call.h"
+#include "policy.h"
+#include "session.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define READ_CHUNK 65536
+#define READS_PER_EVENT 4       /* a flooding tool must not starve the other calls */
+#define DRAIN_AFTER_EXIT_MS 2000
+#define LAST_RESORT_MS 2000     /* after SIGUSR1, how long the shim gets before SIGKILL */
+
+static const char *const class_names[] = {
+    [CLASS_OK] = "OK",
+    [CLASS_TOOL_ERROR] = "TOOL_ERROR",
+    [CLASS_TOOL_TIMEOUT] = "TOOL_TIMEOUT",
+    [CLASS_DEADLINE_EXCEEDED] = "DEADLINE_EXCEEDED",
+    [CLASS_SESSION_EXPIRED] = "SESSION_EXPIRED",
+    [CLASS_POLICY_VIOLATION] = "POLICY_VIOLATION",
+    [CLASS_RESOURCE_LIMIT] = "RESOURCE_LIMIT",
+    [CLASS_OUTPUT_REJECTED] = "OUTPUT_REJECTED",
+    [CLASS_CANCELLED] = "CANCELLED",
+    [CLASS_OVERLOADED] = "OVERLOADED",
+    [CLASS_BAD_REQUEST] = "BAD_REQUEST",
+    [CLASS_NO_SUCH_SESSION] = "NO_SUCH_SESSION",
+    [CLASS_INTERNAL] = "INTERNAL",
+};
+
+const char *call_class_name(enum call_class c)
+{
+    return (unsigned)c < ARRAY_LEN(class_names) ? class_names[c] : "INTERNAL";
+}
+
+void call_request_free(struct call_request *r)
+{
+    free(r->tool);
+    for (size_t i = 0; i < r->argc; i++)
+        free(r->argv[i]);
+    free(r->argv);
+    free(r->stdin_data);
+    memset(r, 0, sizeof *r);
+}
+
+static void set_result(struct call *c, enum call_class class, bool retryable, char *message,
+                       const char *layer)
+{
+    free(c->result.message);
+    c->result.class = class;
+    c->result.retryable = retryable;
+    c->result.message = message;
+    c->result.layer = layer;
+}
+
+/* ---- answering: the one place a call's resources are let go of -------------------- */
+
+static void stop_io(struct call *c)
+{
+    ev_io_stop(c->loop, &c->out.watcher);
+    ev_io_stop(c->loop, &c->err.watcher);
+    ev_io_stop(c->loop, &c->stdin_watcher);
+    ev_timer_stop(c->loop, &c->timeout_timer);
+    ev_timer_stop(c->loop, &c->deadline_timer);
+    ev_timer_stop(c->loop, &c->grace_timer);
+    ev_timer_stop(c->loop, &c->answer_timer);
+    close_quietly(&c->out.fd);
+    close_quietly(&c->err.fd);
+    close_quietly(&c->child.stdin_fd);
+    close_quietly(&c->child.status_fd);
+}
+
+static void answer(struct call *c)
+{
+    if (c->state == CALL_ANSWERED)
+        return;
+    stop_io(c);
+    c->state = CALL_ANSWERED;
+    c->result.duration_ms = now_ms() - c->started_ms;
+    c->on_done(c, c->ud);
+}
+
+static void on_answer_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct call *c = w->data;
+    if (c->state == CALL_REAPED)
+        LOG_W("call %s: output still open %d ms after the tree ended; closing it",
+              c->req.tool, DRAIN_AFTER_EXIT_MS);
+    answer(c);
+}
+
+/* A call that never ran: answered from the loop, like every other. */
+static struct call *refuse(struct call *c, enum call_class class, char *message,
+                           const char *layer)
+{
+    set_result(c, class, class == CLASS_OVERLOADED, message, layer);
+    ev_timer_set(&c->answer_timer, 0, 0);
+    ev_timer_start(c->loop, &c->answer_timer);
+    return c;
+}
+
+static void maybe_answer(struct call *c)
+{
+    if (c->shim_reaped && c->out.eof && c->err.eof)
+        answer(c);
+}
+
+/* ---- output ------------------------------------------------------------------------ */
+
+static void capture(struct call *c, enum call_stream s, const char *data, size_t n)
+{
+    struct buf *b = s == CALL_STDOUT ? &c->result.out : &c->result.err;
+    int64_t *dropped = s == CALL_STDOUT ? &c->result.truncated_out : &c->result.truncated_err;
+    size_t cap = (size_t)c->policy->limits.output;
+    size_t keep = b->len >= cap ? 0 : cap - b->len < n ? cap - b->len : n;
+    if (keep)
+        buf_append(b, data, keep);
+    *dropped += (int64_t)(n - keep);
+    if (keep && c->req.stream && c->on_output)
+        c->on_output(c, s, data, keep, c->ud);
+}
+
+static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct call *c = w->data;
+    bool is_out = w == &c->out.watcher;
+    struct call_stream_state *st = is_out ? &c->out : &c->err;
+    char chunk[READ_CHUNK];
+    for (int i = 0; i < READS_PER_EVENT; i++) {
+        ssize_t n = read(st->fd, chunk, sizeof chunk);
+        if (n > 0) {
+            capture(c, is_out ? CALL_STDOUT : CALL_STDERR, chunk, (size_t)n);
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            return;
+        /* EOF (or a broken pipe, which is the same to us) */
+        ev_io_stop(c->loop, w);
+        close_quietly(&st->fd);
+        st->eof = true;
+        maybe_answer(c);
+        return;
+    }
+}
+
+static void on_stdin_writable(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct call *c = w->data;
+    while (c->stdin_off < c->req.stdin_len) {
+        ssize_t n = write(c->child.stdin_fd, c->req.stdin_data + c->stdin_off,
+                          c->req.stdin_len - c->stdin_off);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            return;
+        if (n <= 0)
+            break;      /* EPIPE: the tool does not want the rest */
+        c->stdin_off += (size_t)n;
+    }
+    ev_io_stop(c->loop, w);
+    close_quietly(&c->child.stdin_fd);
+}
+
+/* ---- ending the tree --------------------------------------------------------------- */
+
+static void on_grace(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct call *c = w->data;
+    if (c->state != CALL_TERMINATING)
+        return;
+    if (c->kill_class != CLASS_OK && !c->shim_reaped) {
+        if (w->repeat == 0) {
+            /* Grace is over: the shim SIGKILLs the whole tree, then reports. */
+            proc_signal(&c->proc, SIGUSR1);
+            ev_timer_set(w, LAST_RESORT_MS / 1000.0, LAST_RESORT_MS / 1000.0);
+            ev_timer_start(c->loop, w);
+        } else {
+            /* The shim itself did not finish: kill it; what it leaves is ours to sweep. */
+            LOG_E("call %s: shim %d unresponsive; killing it", c->req.tool, (int)c->proc.pid);
+            proc_signal(&c->proc, SIGKILL);
+            ev_timer_stop(c->loop, w);
+        }
+    }
+}
+
+void call_stop(struct call *c, enum call_class class, const char *layer, bool hard)
+{
+    if (c->state != CALL_RUNNING && c->state != CALL_TERMINATING)
+        return;
+    if (c->kill_class == CLASS_OK) {
+        c->kill_class = class;
+        c->kill_layer = layer;
+    }
+    ev_timer_stop(c->loop, &c->timeout_timer);
+    ev_timer_stop(c->loop, &c->deadline_timer);
+    if (c->state == CALL_RUNNING && !hard) {
+        c->state = CALL_TERMINATING;
+        proc_signal(&c->proc, SIGTERM);
+        ev_timer_set(&c->grace_timer, (double)c->policy->timeouts.grace_ms / 1000.0, 0);
+        ev_timer_start(c->loop, &c->grace_timer);
+        return;
+    }
+    c->state = CALL_TERMINATING;
+    ev_timer_stop(c->loop, &c->grace_timer);
+    ev_timer_set(&c->grace_timer, 0, 0);
+    on_grace(c->loop, &c->grace_timer, 0);
+}
+
+static void on_timeout(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    call_stop(w->data, CLASS_TOOL_TIMEOUT, "timeout", false);
+}
+
+static void on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    /* Hard: the caller's budget is spent, there is no time for a grace period. */
+    call_stop(w->data, CLASS_DEADLINE_EXCEEDED, "deadline", true);
+}
+
+/* ---- the tree has ended ------------------------------------------------------------ */
+
+static const char *signal_name(int sig)
+{
+    const char *n = sigabbrev_np(sig);
+    return n ? n : "?";
+}
+
+static void classify(struct call *c, const struct shim_report *rep)
+{
+    struct call_result *r = &c->result;
+    if (rep->outcome == SHIM_EXEC_FAILED) {
+        set_result(c, CLASS_INTERNAL, false,
+                   xasprintf("could not start %s: %s", c->tool->path, strerror(rep->err)), NULL);
+        return;
+    }
+    if (rep->outcome == SHIM_FORK_FAILED) {
+        set_result(c, CLASS_RESOURCE_LIMIT, false,
+                   xasprintf("could not fork the tool: %s", strerror(rep->err)), NULL);
+        return;
+    }
+    int ws = rep->wstatus;
+    if (WIFEXITED(ws)) {
+        r->has_exit_code = true;
+        r->exit_code = WEXITSTATUS(ws);
+    } else if (WIFSIGNALED(ws)) {
+        r->signal = WTERMSIG(ws);
+    }
+    r->cpu_ms = rep->cpu_us / 1000;
+    r->max_rss_kb = rep->max_rss_kb;
+
+    if (c->kill_class != CLASS_OK) {
+        int64_t ran = now_ms() - c->started_ms;
+        char *msg;
+        switch (c->kill_class) {
+        case CLASS_TOOL_TIMEOUT:
+            msg = xasprintf("timed out after %lld ms; the process tree was stopped",
+                            (long long)c->timeout_ms);
+            break;
+        case CLASS_DEADLINE_EXCEEDED:
+            msg = xasprintf("the caller's deadline ran out after %lld ms", (long long)ran);
+            break;
+        case CLASS_CANCELLED:
+            msg = xstrdup("cancelled by the client");
+            break;
+        case CLASS_SESSION_EXPIRED:
+            msg = xasprintf("the session ended (%s)", c->kill_layer ? c->kill_layer : "closed");
+            break;
+        default:
+            msg = xstrdup("stopped by the supervisor");
+        }
+        set_result(c, c->kill_class, c->kill_class == CLASS_TOOL_TIMEOUT && c->idempotent, msg,
+                   c->kill_layer);
+        return;
+    }
+    int64_t cpu_limit_ms = c->policy->timeouts.cpu_ms;
+    if (r->signal == SIGXCPU || (r->signal == SIGKILL && cpu_limit_ms > 0 &&
+                                 r->cpu_ms >= cpu_limit_ms)) {
+        set_result(c, CLASS_TOOL_TIMEOUT, c->idempotent,
+                   xasprintf("CPU time limit of %lld ms reached", (long long)cpu_limit_ms), "cpu");
+    } else if (r->signal == SIGXFSZ) {
+        set_result(c, CLASS_RESOURCE_LIMIT, false, xstrdup("file size limit reached"), NULL);
+    } else if (r->has_exit_code && r->exit_code == 0) {
+        set_result(c, CLASS_OK, false, xstrdup("ok"), NULL);
+    } else if (r->has_exit_code) {
+        set_result(c, CLASS_TOOL_ERROR, false, xasprintf("exited with status %d", r->exit_code),
+                   NULL);
+    } else {
+        set_result(c, CLASS_TOOL_ERROR, false,
+                   xasprintf("killed by signal %d (SIG%s)", r->signal, signal_name(r->signal)),
+                   NULL);
+    }
+}
+
+static void on_shim_exit(struct proc *p, int wstatus, void *ud)
+{
+    (void)p;
+    struct call *c = ud;
+    c->shim_reaped = true;
+    ev_timer_stop(c->loop, &c->timeout_timer);
+    ev_timer_stop(c->loop, &c->deadline_timer);
+    ev_timer_stop(c->loop, &c->grace_timer);
+
+    struct shim_report rep;
+    ssize_t n = read(c->child.status_fd, &rep, sizeof rep);
+    close_quietly(&c->child.status_fd);
+    if (n != (ssize_t)sizeof rep || rep.magic != SHIM_REPORT_MAGIC) {
+        /* Only a killed shim reports nothing; its orphans are now ours to end. */
+        int swept = proc_sweep_orphans();
+        set_result(c, CLASS_INTERNAL, false,
+                   xasprintf("the call's supervisor process died (status %#x); %d leftover "
+                             "processes killed", (unsigned)wstatus, swept), NULL);
+    } else {
+        classify(c, &rep);
+        if (rep.swept > 0)
+            LOG_D("call %s: %d background processes outlived the tool and were killed",
+                  c->req.tool, rep.swept);
+    }
+    c->state = CALL_REAPED;
+    if (c->out.eof && c->err.eof) {
+        answer(c);
+        return;
+    }
+    ev_timer_set(&c->answer_timer, DRAIN_AFTER_EXIT_MS / 1000.0, 0);
+    ev_timer_start(c->loop, &c->answer_timer);
+}
+
+/* ---- starting ---------------------------------------------------------------------- */
+
+static char **build_env(const struct call *c, int64_t depth)
+{
+    const struct session *s = c->session;
+    char **env = xcalloc(9, sizeof *env);
+    size_t n = 0;
+    env[n++] = xasprintf("SESSION_ID=%s", s->id);
+    env[n++] = xasprintf("AGENT_ROOT=%s", s->root);
+    env[n++] = xasprintf("HOME=%s/home", s->root);
+    env[n++] = xasprintf("TMPDIR=%s/tmp", s->root);
+    env[n++] = xasprintf("XDG_CACHE_HOME=%s/cache", s->root);
+    env[n++] = xasprintf("PATH=%s", c->policy->env_path);
+    env[n++] = xstrdup("LANG=C.UTF-8");
+    env[n++] = xasprintf("STOCKADE_DEPTH=%lld", (long long)(depth - 1));
+    env[n] = NULL;
+    return env;
+}
+
+static void free_strv(char **v)
+{
+    if (!v)
+        return;
+    for (char **p = v; *p; p++)
+        free(*p);
+    free(v);
+}
+
+struct call *call_start(struct ev_loop *loop, struct policy *policy, struct session *session,
+                        struct call_request *req, call_done_fn on_done,
+                        call_output_fn on_output, void *ud)
+{
+    struct call *c = xcalloc(1, sizeof *c);
+    c->loop = loop;
+    c->policy = policy_ref(policy);
+    c->session = session;
+    c->req = *req;
+    memset(req, 0, sizeof *req);
+    c->on_done = on_done;
+    c->on_output = on_output;
+    c->ud = ud;
+    c->started_ms = now_ms();
+    c->out.fd = c->err.fd = -1;
+    c->child = (struct spawn_child){.stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1,
+                                    .status_fd = -1, .pidfd = -1};
+    ev_timer_init(&c->answer_timer, on_answer_timer, 0, 0);
+    ev_timer_init(&c->timeout_timer, on_timeout, 0, 0);
+    ev_timer_init(&c->deadline_timer, on_deadline, 0, 0);
+    ev_timer_init(&c->grace_timer, on_grace, 0, 0);
+    c->answer_timer.data = c->timeout_timer.data = c->deadline_timer.data = c;
+    c->grace_timer.data = c;
+
+    const struct policy_limits *lim = &policy->limits;
+    c->tool = policy_tool(policy, c->req.tool);
+    if (!c->tool)
+        return refuse(c, CLASS_POLICY_VIOLATION,
+                      xasprintf("unknown tool '%.64s': not in the policy's registry",
+                                c->req.tool), NULL);
+    size_t argv_bytes = 0;
+    for (size_t i = 0; i < c->req.argc; i++)
+        argv_bytes += strlen(c->req.argv[i]) + 1;
+    if ((int64_t)c->req.argc > lim->argv || (int64_t)argv_bytes > lim->argv_bytes)
+        return refuse(c, CLASS_POLICY_VIOLATION,
+                      xasprintf("argv too large (%zu arguments, %zu bytes; the policy allows "
+                                "%lld and %lld)", c->req.argc, argv_bytes,
+                                (long long)lim->argv, (long long)lim->argv_bytes), NULL);
+    if ((int64_t)c->req.stdin_len > lim->stdin_bytes)
+        return refuse(c, CLASS_POLICY_VIOLATION,
+                      xasprintf("stdin of %zu bytes is above the policy's limit of %lld",
+                                c->req.stdin_len, (long long)lim->stdin_bytes), NULL);
+    int64_t depth = c->req.depth < 0 ? lim->depth : c->req.depth;
+    if (depth <= 0)
+        return refuse(c, CLASS_POLICY_VIOLATION,
+                      xstrdup("tool-call depth exhausted: nested calls are not allowed here"),
+                      NULL);
+    if (c->req.deadline_ms > 0 && c->req.deadline_ms < policy->timeouts.deadline_min_ms)
+        return refuse(c, CLASS_DEADLINE_EXCEEDED,
+                      xasprintf("deadline of %lld ms is below the policy's minimum of %lld ms",
+                                (long long)c->req.deadline_ms,
+                                (long long)policy->timeouts.deadline_min_ms), "deadline");
+
+    struct policy_call_view view = {c->req.tool, c->req.argv, c->req.argc, session->id,
+                                    session->root, depth};
+    char *reason = NULL;
+    if (!policy_accept(policy, c->tool, &view, &reason))
+        return refuse(c, CLASS_POLICY_VIOLATION, reason, NULL);
+    c->idempotent = policy_idempotent(policy, c->tool, &view, c->req.idempotent_hint);
+
+    int64_t timeout = c->tool->timeout_ms > 0 ? c->tool->timeout_ms : policy->timeouts.call_ms;
+    if (c->req.timeout_ms > 0 && c->req.timeout_ms < timeout)
+        timeout = c->req.timeout_ms;
+    if (policy->timeouts.call_max_ms > 0 && timeout > policy->timeouts.call_max_ms)
+        timeout = policy->timeouts.call_max_ms;
+    c->timeout_ms = timeout;
+
+    char **argv = xcalloc(c->req.argc + 2, sizeof *argv);
+    argv[0] = c->tool->path;
+    for (size_t i = 0; i < c->req.argc; i++)
+        argv[i + 1] = c->req.argv[i];
+    char **envp = build_env(c, depth);
+    char *cwd = xasprintf("%s/workspace", session->root);
+    struct spawn_req sr = {
+        .path = c->tool->path,
+        .argv = argv,
+        .envp = envp,
+        .cwd = cwd,
+        .drop_user = session->drop_user,
+        .uid = session->uid,
+        .gid = session->gid,
+        .limits = {
+            .cpu_s = (policy->timeouts.cpu_ms + 999) / 1000,
+            .memory = lim->memory,
+            .file_size = lim->file_size,
+            .open_files = lim->open_files,
+            .processes = lim->processes,
+        },
+        .with_stdin = c->req.stdin_len > 0,
+    };
+    int rc = spawn_start(&sr, &c->child);
+    int spawn_errno = errno;
+    free(argv);
+    free_strv(envp);
+    free(cwd);
+    if (rc < 0)
+        return refuse(c, spawn_errno == EAGAIN ? CLASS_RESOURCE_LIMIT : CLASS_INTERNAL,
+                      xasprintf("could not start the call: %s", strerror(spawn_errno)), NULL);
+
+    c->state = CALL_RUNNING;
+    proc_watch(&c->proc, c->child.pid, c->child.pidfd, on_shim_exit, c);
+    c->child.pidfd = -1;                 /* owned by c->proc now */
+    c->out.fd = c->child.stdout_fd;
+    c->err.fd = c->child.stderr_fd;
+    ev_io_init(&c->out.watcher, on_readable, c->out.fd, EV_READ);
+    ev_io_init(&c->err.watcher, on_readable, c->err.fd, EV_READ);
+    c->out.watcher.data = c->err.watcher.data = c;
+    ev_io_start(loop, &c->out.watcher);
+    ev_io_start(loop, &c->err.watcher);
+    if (c->child.stdin_fd >= 0) {
+        ev_io_init(&c->stdin_watcher, on_stdin_writable, c->child.stdin_fd, EV_WRITE);
+        c->stdin_watcher.data = c;
+        ev_io_start(loop, &c->stdin_watcher);
+    }
+    ev_timer_set(&c->timeout_timer, (double)timeout / 1000.0, 0);
+    ev_timer_start(loop, &c->timeout_timer);
+    if (c->req.deadline_ms > 0) {
+        ev_timer_set(&c->deadline_timer, (double)c->req.deadline_ms / 1000.0, 0);
+        ev_timer_start(loop, &c->deadline_timer);
+    }
+    return c;
+}
+
+void call_free(struct call *c)
+{
+    if (!c)
+        return;
+    if (c->state != CALL_ANSWERED && c->state != CALL_ACCEPTED)
+        LOG_E("call %s freed while %d", c->req.tool, (int)c->state);
+    stop_io(c);
+    call_request_free(&c->req);
+    free(c->result.message);
+    buf_free(&c->result.out);
+    buf_free(&c->result.err);
+    policy_unref(c->policy);
+    free(c);
+}
+
+int call_exit_status(const struct call_result *r)
+{
+    switch (r->class) {
+    case CLASS_OK:
+    case CLASS_TOOL_ERROR:
+    case CLASS_RESOURCE_LIMIT:
+        if (r->has_exit_code)
+            return r->exit_code;
+        return r->signal ? 128 + r->signal : 125;
+    case CLASS_TOOL_TIMEOUT:
+    case CLASS_DEADLINE_EXCEEDED:
+    case CLASS_SESSION_EXPIRED:
+        return 124;
+    case CLASS_POLICY_VIOLATION:
+        return 126;
+    case CLASS_CANCELLED:
+        return r->signal ? 128 + r->signal : 125;
+    default:
+        return 125;
+    }
+}

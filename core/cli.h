@@ -1,0 +1,6 @@
+#ifndef STOCKADE_CLI_H
+#define STOCKADE_CLI_H
+/* The subcommands; each returns the process exit status. */
+int cli_run(int argc, char **argv);
+
+#endif

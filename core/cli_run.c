@@ -1,0 +1,192 @@
+/* `stockade run`: one call in a fresh session, printed, with the exit status convention
+ * of timeout(1). A thin client of the call machinery that `serve` uses. */
+#include "cli.h"
+#include "call.h"
+#include "json.h"
+#include "policy.h"
+#include "proc.h"
+#include "root.h"
+#include "session.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char run_usage[] =
+    "usage: stockade run [--policy FILE] [--session ID] [--state-dir DIR] [--timeout DUR]\n"
+    "                    [--stdin] [--json] [--uid-range FIRST-LAST] -- TOOL [ARG...]\n";
+
+struct run_ctx {
+    struct ev_loop *loop;
+    struct call *call;
+    ev_signal sigint, sigterm;
+};
+
+static void on_run_done(struct call *c, void *ud)
+{
+    struct run_ctx *ctx = ud;
+    (void)c;
+    ev_signal_stop(ctx->loop, &ctx->sigint);
+    ev_signal_stop(ctx->loop, &ctx->sigterm);
+    ev_break(ctx->loop, EVBREAK_ALL);
+}
+
+static void on_run_signal(struct ev_loop *loop, ev_signal *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct run_ctx *ctx = w->data;
+    call_stop(ctx->call, CLASS_CANCELLED, NULL, false);
+}
+
+static char *read_all_stdin(size_t *len, int64_t limit)
+{
+    struct buf b = {0};
+    char chunk[65536];
+    for (;;) {
+        ssize_t n = read(0, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        buf_append(&b, chunk, (size_t)n);
+        if ((int64_t)b.len > limit)
+            break;      /* the call is refused for its size; no need to read on */
+    }
+    *len = b.len;
+    return b.data;
+}
+
+static void write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+int cli_run(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"policy", required_argument, 0, 'p'}, {"session", required_argument, 0, 's'},
+        {"state-dir", required_argument, 0, 'd'}, {"timeout", required_argument, 0, 't'},
+        {"json", no_argument, 0, 'j'}, {"stdin", no_argument, 0, 'i'},
+        {"uid-range", required_argument, 0, 'u'}, {"verbose", no_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+    };
+    const char *policy_path = getenv("STOCKADE_POLICY");
+    const char *session_id = NULL, *state_flag = NULL;
+    int64_t timeout_ms = 0;
+    bool json = false, with_stdin = false;
+    struct uid_range uids = UID_RANGE_DEFAULT;
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "+p:s:d:t:jiu:vh", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'p': policy_path = optarg; break;
+        case 's': session_id = optarg; break;
+        case 'd': state_flag = optarg; break;
+        case 't':
+            if (parse_duration_ms(optarg, &timeout_ms) < 0 || timeout_ms <= 0)
+                die("--timeout: bad duration '%s' (expected e.g. 300ms, 5s, 2m)", optarg);
+            break;
+        case 'j': json = true; break;
+        case 'i': with_stdin = true; break;
+        case 'u':
+            if (uid_range_parse(optarg, &uids) < 0)
+                die("--uid-range: expected FIRST-LAST with 0 < FIRST <= LAST, got '%s'", optarg);
+            break;
+        case 'v': log_threshold = LOG_DEBUG; break;
+        case 'h': fputs(run_usage, stdout); return 0;
+        default: fputs(run_usage, stderr); return 125;
+        }
+    }
+    if (optind >= argc)
+        die("run: no tool given (stockade run [options] -- TOOL [ARG...]; --help for more)");
+    if (!policy_path)
+        policy_path = "/etc/stockade/policy.lua";
+    if (session_id && !root_id_valid(session_id))
+        die("--session: bad id '%s' (expected [A-Za-z0-9][A-Za-z0-9_.-]{0,63})", session_id);
+
+    struct call_request req = {.timeout_ms = timeout_ms, .depth = -1};
+    const char *depth_env = getenv("STOCKADE_DEPTH");
+    if (depth_env && *depth_env) {
+        char *end;
+        errno = 0;
+        long long d = strtoll(depth_env, &end, 10);
+        if (errno || *end || d < -1000000 || d > 1000000)
+            die("STOCKADE_DEPTH: not an integer: '%s'", depth_env);
+        req.depth = d;
+    }
+
+    char *err = NULL;
+    struct policy *policy = policy_load(policy_path, &err);
+    if (!policy)
+        die("%s", err);
+    char *state_dir = root_state_dir(state_flag);
+    if (!state_dir)
+        die("no state dir: pass --state-dir, or set STOCKADE_STATE_DIR or XDG_RUNTIME_DIR");
+
+    req.tool = xstrdup(argv[optind]);
+    req.argc = (size_t)(argc - optind - 1);
+    req.argv = xcalloc(req.argc + 1, sizeof *req.argv);
+    for (size_t i = 0; i < req.argc; i++)
+        req.argv[i] = xstrdup(argv[optind + 1 + (int)i]);
+    if (with_stdin)
+        req.stdin_data = read_all_stdin(&req.stdin_len, policy->limits.stdin_bytes);
+
+    /* A loop of our own, not the default one: libev's default loop reaps every child
+     * itself, and reaping belongs to core/proc.c alone. */
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    if (!loop)
+        die("cannot create the event loop");
+    proc_init(loop);
+
+    struct session *session = session_open(state_dir, session_id, session_id != NULL, uids, &err);
+    if (!session)
+        die("%s", err);
+    session->keep_root = session_id != NULL;
+
+    struct run_ctx ctx = {.loop = loop};
+    ev_signal_init(&ctx.sigint, on_run_signal, SIGINT);
+    ev_signal_init(&ctx.sigterm, on_run_signal, SIGTERM);
+    ctx.sigint.data = ctx.sigterm.data = &ctx;
+    ctx.call = call_start(loop, policy, session, &req, on_run_done, NULL, &ctx);
+    ev_signal_start(loop, &ctx.sigint);
+    ev_signal_start(loop, &ctx.sigterm);
+    ev_run(loop, 0);
+
+    const struct call_result *r = &ctx.call->result;
+    if (json) {
+        struct buf b = {0};
+        json_call_result(&b, r, session->id);
+        buf_append(&b, "\n", 1);
+        write_all(1, b.data, b.len);
+        buf_free(&b);
+    } else {
+        write_all(1, r->out.data ? r->out.data : "", r->out.len);
+        write_all(2, r->err.data ? r->err.data : "", r->err.len);
+        if (r->class != CLASS_OK && r->class != CLASS_TOOL_ERROR)
+            fprintf(stderr, "stockade: %s: %s\n", call_class_name(r->class), r->message);
+        if (r->truncated_out || r->truncated_err)
+            fprintf(stderr, "stockade: output truncated (%lld stdout, %lld stderr bytes dropped)\n",
+                    (long long)r->truncated_out, (long long)r->truncated_err);
+    }
+    int status = call_exit_status(r);
+    call_free(ctx.call);
+    if (session_close(session) < 0 && status == 0)
+        status = 125;
+    policy_unref(policy);
+    proc_shutdown();
+    ev_loop_destroy(loop);
+    free(state_dir);
+    return status;
+}

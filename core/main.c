@@ -1,0 +1,45 @@
+/* stockade: a supervisor for the tool calls of AI agents. */
+#include "cli.h"
+#include "util.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define STOCKADE_VERSION "0.1.0"
+
+static const char usage[] =
+    "usage: stockade COMMAND [ARGS]\n"
+    "  run [options] -- TOOL [ARG...]   run one tool call in a fresh session\n"
+    "  version                          print the version\n"
+    "See README.md and the design documents for the protocol and the policy API.\n";
+
+int main(int argc, char **argv)
+{
+    /* 0, 1 and 2 must be open: otherwise a pipe could land on them and be clobbered. */
+    for (int fd = 0; fd < 3; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) != fd)
+            return 125;
+    /* A tool that closes its stdin must not kill the supervisor writing to it. */
+    signal(SIGPIPE, SIG_IGN);
+
+    if (argc < 2) {
+        fputs(usage, stderr);
+        return 125;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "run") == 0)
+        return cli_run(argc - 1, argv + 1);
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        puts("stockade " STOCKADE_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    fputs(usage, stderr);
+    die("unknown command '%s'", cmd);
+}

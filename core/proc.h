@@ -1,0 +1,44 @@
+#ifndef STOCKADE_PROC_H
+#define STOCKADE_PROC_H
+/* The one owner of child processes: it registers the supervisor's children (call shims),
+ * watches their exit through pidfds, and is the only place that reaps. The supervisor is
+ * a child subreaper, so orphans of a call that lost its shim land here too: they are
+ * killed and reaped, never left running. */
+#include <ev.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+struct proc;
+typedef void (*proc_exit_fn)(struct proc *p, int wstatus, void *ud);
+
+struct proc {
+    pid_t pid;
+    int pidfd;
+    ev_io exit_watcher;     /* readable when the process exits */
+    proc_exit_fn on_exit;
+    void *ud;
+    struct proc *next;      /* in the registry */
+};
+
+void proc_init(struct ev_loop *loop);
+void proc_shutdown(void);
+/* Take ownership of child `pid` (and of `pidfd`); on_exit runs once, after reaping. */
+void proc_watch(struct proc *p, pid_t pid, int pidfd, proc_exit_fn on_exit, void *ud);
+/* Signal a registered child; never a recycled pid (pidfd_send_signal). */
+int proc_signal(struct proc *p, int sig);
+/* Reap whatever has exited; dispatches on_exit for registered children. */
+void proc_reap(void);
+/* Kill every unregistered child of the supervisor and their trees (orphans that a dead
+ * shim left behind). Returns how many processes were signalled. */
+int proc_sweep_orphans(void);
+
+unsigned proc_live(void);               /* registered children not yet reaped */
+unsigned long proc_orphans_reaped(void);
+
+/* Send `sig` to every descendant of `root` (not to root itself), found through
+ * /proc/PID/task/TID/children. Each target is pinned with a pidfd and checked to still
+ * be a child of a process in the tree before it is signalled, so a recycled pid is not
+ * hit. Returns the number of live descendants signalled (zombies are not counted). */
+int proc_signal_descendants(pid_t root, int sig, bool skip_registered);
+
+#endif

@@ -1,0 +1,310 @@
+#include "root.h"
+#include "util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *const root_subdirs[] = {"workspace", "tmp", "cache", "home"};
+
+char *root_state_dir(const char *flag)
+{
+    if (flag && *flag)
+        return xstrdup(flag);
+    const char *env = getenv("STOCKADE_STATE_DIR");
+    if (env && *env)
+        return xstrdup(env);
+    if (geteuid() == 0)
+        return xstrdup("/var/lib/stockade");
+    const char *run = getenv("XDG_RUNTIME_DIR");
+    if (run && *run)
+        return xasprintf("%s/stockade", run);
+    return NULL;
+}
+
+bool root_id_valid(const char *id)
+{
+    size_t n = id ? strlen(id) : 0;
+    if (n < 1 || n > 64)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = id[i];
+        bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+        if (!alnum && (i == 0 || (c != '_' && c != '.' && c != '-')))
+            return false;
+    }
+    return true;
+}
+
+/* mkdir -p for the (trusted, operator-given) state dir, then open it without following
+ * a final symlink. */
+static int open_dir_creating(int at, const char *path, mode_t mode)
+{
+    if (mkdirat(at, path, mode) < 0 && errno != EEXIST)
+        return -1;
+    return openat(at, path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+static int mkdir_parents(const char *path, mode_t mode)
+{
+    char *p = xstrdup(path);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = 0;
+        if (mkdir(p, mode) < 0 && errno != EEXIST) {
+            free(p);
+            return -1;
+        }
+        *s = '/';
+    }
+    free(p);
+    return 0;
+}
+
+char *root_create(const char *state_dir, const char *id, uid_t uid, gid_t gid, bool reuse)
+{
+    if (!root_id_valid(id)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    bool may_chown = geteuid() == 0;
+    int state = -1, sessions = -1, session = -1;
+    char *root = NULL;
+
+    if (mkdir_parents(state_dir, 0711) < 0)
+        goto out;
+    state = open_dir_creating(AT_FDCWD, state_dir, 0711);
+    if (state < 0)
+        goto out;
+    sessions = open_dir_creating(state, "sessions", 0711);
+    if (sessions < 0)
+        goto out;
+    if (mkdirat(sessions, id, 0700) < 0) {
+        if (errno != EEXIST || !reuse)
+            goto out;
+    }
+    session = openat(sessions, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (session < 0)
+        goto out;
+    /* fchown on the opened fds, and AT_SYMLINK_NOFOLLOW for the children: a reused root
+     * belongs to the tool uid, which may have replaced a subdir by a symlink. */
+    if (may_chown && fchown(session, uid, gid) < 0)
+        goto out;
+    if (fchmod(session, 0700) < 0)
+        goto out;
+    for (size_t i = 0; i < ARRAY_LEN(root_subdirs); i++) {
+        const char *sub = root_subdirs[i];
+        if (mkdirat(session, sub, 0700) < 0 && errno != EEXIST)
+            goto out;
+        int fd = openat(session, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            goto out;
+        int rc = (may_chown ? fchown(fd, uid, gid) : 0) | fchmod(fd, 0700);
+        close(fd);
+        if (rc < 0)
+            goto out;
+    }
+    root = xasprintf("%s/sessions/%s", state_dir, id);
+out:
+    close_quietly(&session);
+    close_quietly(&sessions);
+    close_quietly(&state);
+    return root;
+}
+
+/* One level of the walk: the name to remove in the parent, and the parent's identity so
+ * that climbing back with ".." is checked rather than trusted. */
+struct remove_frame {
+    char *name;
+    dev_t parent_dev;
+    ino_t parent_ino;
+};
+
+struct dir_id {
+    dev_t dev;
+    ino_t ino;
+};
+
+static bool id_in(const struct dir_id *ids, size_t n, dev_t dev, ino_t ino)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i].dev == dev && ids[i].ino == ino)
+            return true;
+    return false;
+}
+
+/* Unlink every non-directory entry of `fd` and return (malloc'd) the name of one
+ * subdirectory to descend into that is on the same device and not known to have failed,
+ * or NULL when none is left. */
+static char *scan_dir(int fd, dev_t root_dev, const struct dir_id *failed, size_t nfailed,
+                      int *errors)
+{
+    int dupfd = dup(fd);
+    if (dupfd < 0) {
+        (*errors)++;
+        return NULL;
+    }
+    DIR *d = fdopendir(dupfd);
+    if (!d) {
+        close(dupfd);
+        (*errors)++;
+        return NULL;
+    }
+    rewinddir(d);
+    char *next = NULL;
+    struct dirent *de;
+    while (!next && (de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        struct stat st;
+        if (fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+            if (errno != ENOENT)
+                (*errors)++;
+            continue;
+        }
+        if (!S_ISDIR(st.st_mode)) {
+            if (unlinkat(fd, de->d_name, 0) < 0 && errno != ENOENT)
+                (*errors)++;
+        } else if (st.st_dev == root_dev && !id_in(failed, nfailed, st.st_dev, st.st_ino)) {
+            next = xstrdup(de->d_name);
+        } else if (st.st_dev != root_dev) {
+            /* A mount point: never walk into another file system. */
+            if (unlinkat(fd, de->d_name, AT_REMOVEDIR) < 0)
+                (*errors)++;
+        }
+    }
+    closedir(d);
+    return next;
+}
+
+int root_remove_tree_at(int dirfd, const char *name)
+{
+    struct stat top;
+    if (fstatat(dirfd, name, &top, AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT ? 0 : -1;
+    if (!S_ISDIR(top.st_mode))
+        return unlinkat(dirfd, name, 0) < 0 && errno != ENOENT ? -1 : 0;
+
+    struct stat base;
+    if (fstat(dirfd, &base) < 0)
+        return -1;
+    int cur = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (cur < 0)
+        return -1;
+
+    /* Iterative, one open directory at a time: a hostile tool can nest directories far
+     * deeper than we have descriptors or stack. */
+    struct remove_frame *stack = NULL;
+    size_t depth = 0, cap = 0;
+    struct dir_id *failed = NULL;
+    size_t nfailed = 0, failcap = 0;
+    int errors = 0;
+    dev_t root_dev = top.st_dev;
+
+    if (cap == 0) {
+        cap = 16;
+        stack = xmalloc(cap * sizeof *stack);
+    }
+    stack[depth++] = (struct remove_frame){xstrdup(name), base.st_dev, base.st_ino};
+
+    while (depth > 0) {
+        char *sub = scan_dir(cur, root_dev, failed, nfailed, &errors);
+        if (sub) {
+            struct stat here;
+            int child = -1;
+            if (fstat(cur, &here) == 0)
+                child = openat(cur, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (child < 0) {
+                /* Raced into a non-directory, or unreadable: try it as a file. */
+                if (unlinkat(cur, sub, 0) < 0 && errno != ENOENT) {
+                    struct stat st;
+                    errors++;
+                    if (fstatat(cur, sub, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+                        if (nfailed == failcap) {
+                            failcap = failcap ? failcap * 2 : 8;
+                            failed = xrealloc(failed, failcap * sizeof *failed);
+                        }
+                        failed[nfailed++] = (struct dir_id){st.st_dev, st.st_ino};
+                    }
+                }
+                free(sub);
+                continue;
+            }
+            if (depth == cap) {
+                cap *= 2;
+                stack = xrealloc(stack, cap * sizeof *stack);
+            }
+            stack[depth++] = (struct remove_frame){sub, here.st_dev, here.st_ino};
+            close(cur);
+            cur = child;
+            continue;
+        }
+        /* `cur` holds nothing more we can remove: climb and remove it. */
+        struct remove_frame f = stack[--depth];
+        struct stat self;
+        fstat(cur, &self);
+        int parent;
+        if (depth == 0) {
+            parent = dup(dirfd);
+        } else {
+            parent = openat(cur, "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            struct stat pst;
+            if (parent >= 0 && (fstat(parent, &pst) < 0 || pst.st_dev != f.parent_dev ||
+                                pst.st_ino != f.parent_ino)) {
+                close(parent);
+                parent = -1;
+                errno = EXDEV;
+            }
+        }
+        close(cur);
+        cur = -1;
+        if (parent < 0) {
+            errors++;
+            free(f.name);
+            break;
+        }
+        if (unlinkat(parent, f.name, AT_REMOVEDIR) < 0 && errno != ENOENT) {
+            errors++;
+            if (nfailed == failcap) {
+                failcap = failcap ? failcap * 2 : 8;
+                failed = xrealloc(failed, failcap * sizeof *failed);
+            }
+            failed[nfailed++] = (struct dir_id){self.st_dev, self.st_ino};
+        }
+        free(f.name);
+        cur = parent;
+    }
+    close_quietly(&cur);
+    while (depth > 0)
+        free(stack[--depth].name);
+    free(stack);
+    free(failed);
+    if (errors) {
+        errno = ENOTEMPTY;
+        return -1;
+    }
+    return 0;
+}
+
+int root_remove(const char *state_dir, const char *id)
+{
+    if (!root_id_valid(id)) {
+        errno = EINVAL;
+        return -1;
+    }
+    char *sessions_path = xasprintf("%s/sessions", state_dir);
+    int sessions = open(sessions_path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    free(sessions_path);
+    if (sessions < 0)
+        return errno == ENOENT ? 0 : -1;
+    int rc = root_remove_tree_at(sessions, id);
+    int saved = errno;
+    close(sessions);
+    errno = saved;
+    return rc;
+}

@@ -1,0 +1,130 @@
+#include "session.h"
+#include "root.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int uid_range_parse(const char *s, struct uid_range *out)
+{
+    unsigned long a, b;
+    char tail;
+    if (sscanf(s, "%lu-%lu%c", &a, &b, &tail) != 2 || a == 0 || b < a || b > 0xfffffffeUL)
+        return -1;
+    out->first = (uid_t)a;
+    out->count = (unsigned)(b - a + 1);
+    return 0;
+}
+
+static char *uuid_v4(void)
+{
+    unsigned char r[16];
+    if (getrandom(r, sizeof r, 0) != sizeof r)
+        for (size_t i = 0; i < sizeof r; i++)
+            r[i] = (unsigned char)rand();
+    r[6] = (r[6] & 0x0f) | 0x40;
+    r[8] = (r[8] & 0x3f) | 0x80;
+    return xasprintf("%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                     r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11],
+                     r[12], r[13], r[14], r[15]);
+}
+
+/* Take the first free uid of the range: a flock on STATE_DIR/uids/UID, released when the
+ * fd closes (so a crashed supervisor frees its uids by dying). Start at a random offset
+ * so that concurrent supervisors rarely contend. */
+static int uid_take(const char *state_dir, struct uid_range range, uid_t *uid)
+{
+    char *dir = xasprintf("%s/uids", state_dir);
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+        free(dir);
+        return -1;
+    }
+    unsigned start = 0;
+    if (getrandom(&start, sizeof start, 0) != sizeof start)
+        start = (unsigned)getpid();
+    int fd = -1;
+    for (unsigned i = 0; i < range.count; i++) {
+        uid_t u = range.first + (start + i) % range.count;
+        char *path = xasprintf("%s/%u", dir, (unsigned)u);
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        free(path);
+        if (fd < 0)
+            break;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            *uid = u;
+            break;
+        }
+        close_quietly(&fd);
+    }
+    free(dir);
+    if (fd < 0 && errno == 0)
+        errno = EAGAIN;
+    return fd;
+}
+
+struct session *session_open(const char *state_dir, const char *id, bool reuse,
+                             struct uid_range range, char **err)
+{
+    struct session *s = xcalloc(1, sizeof *s);
+    s->uid_lock_fd = -1;
+    s->id = id ? xstrdup(id) : uuid_v4();
+    s->state_dir = xstrdup(state_dir);
+    if (!root_id_valid(s->id)) {
+        *err = xasprintf("bad session id (expected [A-Za-z0-9][A-Za-z0-9_.-]{0,63})");
+        goto fail;
+    }
+    if (mkdir(state_dir, 0711) < 0 && errno != EEXIST) {
+        *err = xasprintf("state dir %s: %s", state_dir, strerror(errno));
+        goto fail;
+    }
+    s->drop_user = geteuid() == 0;
+    if (s->drop_user) {
+        errno = 0;
+        s->uid_lock_fd = uid_take(state_dir, range, &s->uid);
+        if (s->uid_lock_fd < 0) {
+            *err = xasprintf("no free service uid in %u-%u: %s", (unsigned)range.first,
+                             (unsigned)(range.first + range.count - 1), strerror(errno));
+            goto fail;
+        }
+        s->gid = (gid_t)s->uid;
+    } else {
+        s->uid = getuid();
+        s->gid = getgid();
+    }
+    s->root = root_create(state_dir, s->id, s->uid, s->gid, reuse);
+    if (!s->root) {
+        *err = errno == EEXIST ? xasprintf("session %s already exists", s->id)
+                               : xasprintf("session root for %s in %s: %s", s->id, state_dir,
+                                           strerror(errno));
+        goto fail;
+    }
+    return s;
+fail:
+    s->keep_root = true;
+    session_close(s);
+    return NULL;
+}
+
+int session_close(struct session *s)
+{
+    int rc = 0;
+    if (!s)
+        return 0;
+    if (s->root && !s->keep_root && root_remove(s->state_dir, s->id) < 0) {
+        LOG_E("session %s: could not remove all of %s: %s", s->id, s->root, strerror(errno));
+        rc = -1;
+    }
+    close_quietly(&s->uid_lock_fd);
+    free(s->id);
+    free(s->root);
+    free(s->state_dir);
+    free(s);
+    return rc;
+}

@@ -1,0 +1,273 @@
+#include "spawn.h"
+#include "proc.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/pidfd.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Inside the shim: fds 0,1,2 are the tool's stdio ends, 3 the report pipe. */
+#define SHIM_STATUS_FD 3
+
+/* Signals the shim takes from sigtimedwait rather than handlers. */
+static void shim_sigset(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGCHLD);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGUSR1);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGHUP);
+}
+
+static void reset_signal_dispositions(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++)
+        sigaction(sig, &sa, NULL);     /* fails harmlessly for KILL, STOP, RT internals */
+}
+
+static int set_limit(int resource, int64_t soft, int64_t hard)
+{
+    struct rlimit rl = {(rlim_t)soft, (rlim_t)hard};
+    return setrlimit(resource, &rl);
+}
+
+static _Noreturn void tool_fail(int errpipe, int err)
+{
+    ssize_t n = write(errpipe, &err, sizeof err);
+    (void)n;
+    _exit(127);
+}
+
+/* The tool's side of the fork, in the shim's child: lock down, then exec. */
+static _Noreturn void tool_exec(const struct spawn_req *req, int errpipe)
+{
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (setpgid(0, 0) < 0)
+        tool_fail(errpipe, errno);
+    /* Everything but 0,1,2 (and the CLOEXEC error pipe) is closed at exec. */
+    if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
+        tool_fail(errpipe, errno);
+    if (chdir(req->cwd) < 0)
+        tool_fail(errpipe, errno);
+
+    const struct spawn_limits *l = &req->limits;
+    if (set_limit(RLIMIT_CORE, 0, 0) < 0 ||
+        (l->cpu_s > 0 && set_limit(RLIMIT_CPU, l->cpu_s, l->cpu_s + 1) < 0) ||
+        (l->memory > 0 && set_limit(RLIMIT_AS, l->memory, l->memory) < 0) ||
+        (l->file_size > 0 && set_limit(RLIMIT_FSIZE, l->file_size, l->file_size) < 0) ||
+        (l->open_files > 0 && set_limit(RLIMIT_NOFILE, l->open_files, l->open_files) < 0) ||
+        (req->drop_user && l->processes > 0 &&
+         set_limit(RLIMIT_NPROC, l->processes, l->processes) < 0))
+        tool_fail(errpipe, errno);
+
+    if (req->drop_user) {
+        if (setgroups(0, NULL) < 0 || setresgid(req->gid, req->gid, req->gid) < 0 ||
+            setresuid(req->uid, req->uid, req->uid) < 0)
+            tool_fail(errpipe, errno);
+        if (getuid() == 0 || geteuid() == 0)
+            tool_fail(errpipe, EPERM);
+    }
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        tool_fail(errpipe, errno);
+    /* After the uid change, which clears it: the tool dies with its shim. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+        tool_fail(errpipe, errno);
+    execve(req->path, req->argv, req->envp);
+    tool_fail(errpipe, errno);
+}
+
+static void shim_report_write(const struct shim_report *r)
+{
+    ssize_t n;
+    do
+        n = write(SHIM_STATUS_FD, r, sizeof *r);
+    while (n < 0 && errno == EINTR);
+}
+
+/* Reap every exited child; note the tool's status. Returns false once no child is left. */
+static bool shim_reap(pid_t tool, bool *tool_done, int *tool_status)
+{
+    for (;;) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid == 0)
+            return true;
+        if (pid < 0)
+            return errno == EINTR ? true : false;
+        if (pid == tool) {
+            *tool_done = true;
+            *tool_status = st;
+        }
+    }
+}
+
+static _Noreturn void shim_main(const struct spawn_req *req, pid_t supervisor)
+{
+    struct shim_report rep = {.magic = SHIM_REPORT_MAGIC};
+    sigset_t set;
+    shim_sigset(&set);
+
+    /* SIGUSR1 on the supervisor's death: the same "kill everything" path as a hard stop. */
+    if (prctl(PR_SET_PDEATHSIG, SIGUSR1, 0, 0, 0) < 0 || getppid() != supervisor)
+        _exit(1);
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    setsid();
+
+    int errpipe[2];
+    if (pipe2(errpipe, O_CLOEXEC) < 0) {
+        rep.outcome = SHIM_FORK_FAILED;
+        rep.err = errno;
+        shim_report_write(&rep);
+        _exit(0);
+    }
+    pid_t tool = fork();
+    if (tool < 0) {
+        rep.outcome = SHIM_FORK_FAILED;
+        rep.err = errno;
+        shim_report_write(&rep);
+        _exit(0);
+    }
+    if (tool == 0) {
+        close(errpipe[0]);
+        close(SHIM_STATUS_FD);
+        tool_exec(req, errpipe[1]);
+    }
+    close(errpipe[1]);
+    /* The tool's stdio ends stay only with the tool, so EOF means the tree is done. */
+    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull >= 0) {
+        dup2(devnull, 0);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        close(devnull);
+    }
+
+    int err = 0;
+    ssize_t n;
+    do
+        n = read(errpipe[0], &err, sizeof err);
+    while (n < 0 && errno == EINTR);
+    close(errpipe[0]);
+
+    bool tool_done = false, killing = false;
+    int tool_status = 0;
+    if (n == (ssize_t)sizeof err) {
+        rep.outcome = SHIM_EXEC_FAILED;
+        rep.err = err;
+        killing = true;
+    } else {
+        rep.outcome = SHIM_EXITED;
+    }
+
+    for (;;) {
+        if (!shim_reap(tool, &tool_done, &tool_status))
+            break;
+        if (tool_done || killing) {
+            /* The call is over: nothing it started may outlive it. */
+            int live = proc_signal_descendants(getpid(), SIGKILL, false);
+            if (tool_done && !killing)
+                rep.swept += live;
+            killing = true;
+        }
+        struct timespec tick = {0, 20 * 1000 * 1000};
+        siginfo_t si;
+        int sig = sigtimedwait(&set, &si, killing ? &tick : NULL);
+        if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
+            if (!killing)
+                proc_signal_descendants(getpid(), SIGTERM, false);
+        } else if (sig == SIGUSR1) {
+            killing = true;
+        }
+    }
+
+    struct rusage ru;
+    if (getrusage(RUSAGE_CHILDREN, &ru) == 0) {
+        rep.cpu_us = (int64_t)ru.ru_utime.tv_sec * 1000000 + ru.ru_utime.tv_usec +
+                     (int64_t)ru.ru_stime.tv_sec * 1000000 + ru.ru_stime.tv_usec;
+        rep.max_rss_kb = ru.ru_maxrss;
+    }
+    rep.wstatus = tool_status;
+    shim_report_write(&rep);
+    _exit(0);
+}
+
+int spawn_start(const struct spawn_req *req, struct spawn_child *out)
+{
+    int in[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1}, status[2] = {-1, -1};
+    if ((req->with_stdin && pipe2(in, O_CLOEXEC) < 0) || pipe2(outp, O_CLOEXEC) < 0 ||
+        pipe2(errp, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0)
+        goto fail;
+
+    /* Block everything across fork so no inherited handler runs in the child before it
+     * resets the dispositions. */
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old);
+    pid_t supervisor = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        reset_signal_dispositions();
+        sigset_t set;
+        shim_sigset(&set);
+        sigprocmask(SIG_SETMASK, &set, NULL);
+        int tool_in = req->with_stdin ? in[0] : open("/dev/null", O_RDONLY | O_CLOEXEC);
+        /* Sources are all >= 3 (the supervisor keeps 0,1,2 open), so these dup2 calls
+         * never clobber one another. */
+        if (tool_in < 0 || dup2(tool_in, 0) < 0 || dup2(outp[1], 1) < 0 ||
+            dup2(errp[1], 2) < 0 || dup2(status[1], SHIM_STATUS_FD) < 0)
+            _exit(1);
+        fcntl(SHIM_STATUS_FD, F_SETFD, FD_CLOEXEC);
+        close_range(SHIM_STATUS_FD + 1, ~0U, 0);
+        shim_main(req, supervisor);
+    }
+    int fork_errno = errno;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    if (pid < 0) {
+        errno = fork_errno;
+        goto fail;
+    }
+    int pidfd = pidfd_open(pid, 0);
+    if (pidfd < 0) {
+        int e = errno;
+        kill(pid, SIGKILL);      /* not yet reaped by anyone: the pid is still ours */
+        waitpid(pid, NULL, 0);
+        errno = e;
+        goto fail;
+    }
+    close_quietly(&in[0]);
+    close_quietly(&outp[1]);
+    close_quietly(&errp[1]);
+    close_quietly(&status[1]);
+    /* Non-blocking: the loop must never stall on a tool that does not read its stdin or
+     * floods its output. */
+    if (in[1] >= 0)
+        fd_set_nonblock(in[1]);
+    fd_set_nonblock(outp[0]);
+    fd_set_nonblock(errp[0]);
+    fd_set_nonblock(status[0]);
+    *out = (struct spawn_child){pid, pidfd, in[1], outp[0], errp[0], status[0]};
+    return 0;
+
+fail:;
+    int e = errno;
+    int *fds[] = {&in[0], &in[1], &outp[0], &outp[1], &errp[0], &errp[1], &status[0], &status[1]};
+    for (size_t i = 0; i < ARRAY_LEN(fds); i++)
+        close_quietly(fds[i]);
+    errno = e;
+    return -1;
+}

@@ -1,0 +1,63 @@
+#ifndef STOCKADE_SPAWN_H
+#define STOCKADE_SPAWN_H
+/* Process creation for one call: the supervisor forks a per-call shim, which forks and
+ * execs the tool. The shim is the call's child subreaper: when the tool exits, when the
+ * supervisor asks (SIGTERM: forward to the tree; SIGUSR1: kill the tree) or when the
+ * supervisor dies (PR_SET_PDEATHSIG), it kills every descendant, reaps them, reports on
+ * the status pipe and exits. So nothing a call started outlives its answer, daemonized
+ * grandchildren included. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct spawn_limits {           /* 0: leave the inherited limit */
+    int64_t cpu_s;              /* RLIMIT_CPU soft; hard = soft + 1 */
+    int64_t memory;             /* RLIMIT_AS */
+    int64_t file_size;          /* RLIMIT_FSIZE */
+    int64_t open_files;         /* RLIMIT_NOFILE */
+    int64_t processes;          /* RLIMIT_NPROC: only with a dedicated uid */
+};
+
+struct spawn_req {
+    const char *path;           /* absolute; never looked up in PATH */
+    char *const *argv;          /* argv[0] included, NULL-terminated */
+    char *const *envp;          /* built from nothing by the caller */
+    const char *cwd;
+    bool drop_user;             /* run the tool as uid:gid, supplementary groups dropped */
+    uid_t uid;
+    gid_t gid;
+    struct spawn_limits limits;
+    bool with_stdin;            /* a pipe for stdin; otherwise /dev/null */
+};
+
+struct spawn_child {
+    pid_t pid;                  /* the shim */
+    int pidfd;
+    int stdin_fd;               /* write end, or -1 */
+    int stdout_fd, stderr_fd;   /* read ends, non-blocking */
+    int status_fd;              /* read end of the shim's report */
+};
+
+enum shim_outcome {
+    SHIM_EXITED = 1,            /* the tool ran; wstatus is its status */
+    SHIM_EXEC_FAILED,           /* the tool could not be started; err is errno */
+    SHIM_FORK_FAILED,
+};
+
+#define SHIM_REPORT_MAGIC 0x53544b44u
+
+struct shim_report {
+    uint32_t magic;
+    int32_t outcome;            /* enum shim_outcome */
+    int32_t wstatus;
+    int32_t err;
+    int64_t cpu_us;             /* user + system of the whole tree */
+    int64_t max_rss_kb;
+    int32_t swept;              /* descendants still alive when the tool ended */
+    int32_t pad;
+};
+
+/* Start the shim and the tool. 0, or -1 with errno (nothing left open or running). */
+int spawn_start(const struct spawn_req *req, struct spawn_child *out);
+
+#endif

@@ -1,0 +1,52 @@
+#ifndef STOCKADE_UTIL_H
+#define STOCKADE_UTIL_H
+/* Small shared vocabulary: dying at start-up, logging, allocation that never returns NULL,
+ * growable byte buffers, monotonic time, and the strict duration/size parsers. */
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
+extern enum log_level log_threshold;
+
+/* die() is for start-up and usage errors only: at run time a failure is answered. */
+_Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+_Noreturn void die_errno(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_msg(enum log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define LOG_E(...) log_msg(LOG_ERROR, __VA_ARGS__)
+#define LOG_W(...) log_msg(LOG_WARN, __VA_ARGS__)
+#define LOG_I(...) log_msg(LOG_INFO, __VA_ARGS__)
+#define LOG_D(...) log_msg(LOG_DEBUG, __VA_ARGS__)
+
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t size);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* A growable byte buffer; `data` is always NUL-terminated for convenience. */
+struct buf {
+    char *data;
+    size_t len, cap;
+};
+void buf_append(struct buf *b, const void *p, size_t n);
+void buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void buf_free(struct buf *b);
+
+int64_t now_ms(void);           /* CLOCK_MONOTONIC */
+int64_t wall_ms(void);          /* CLOCK_REALTIME, for timestamps sent to clients */
+
+/* "250ms", "30s", "10m", "2h" -> milliseconds; a bare number is refused (units are
+ * required so that "30" is never read as 30 ms by one person and 30 s by another). */
+int parse_duration_ms(const char *s, int64_t *out);
+/* "512", "64KiB", "1MiB", "1GiB" (also KB/MB/GB as powers of 1000) -> bytes. */
+int parse_size(const char *s, int64_t *out);
+
+int fd_set_nonblock(int fd);
+int fd_set_cloexec(int fd);
+void close_quietly(int *fd);    /* close and set to -1; no-op on -1 */
+
+#endif

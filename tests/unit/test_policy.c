@@ -1,0 +1,249 @@
+/* The policy loader and the budgeted entry into Lua: good policies load, bad ones fail
+ * with the file:line and the field named, hostile hooks cost one refused call. */
+#include "check.h"
+#include "policy.h"
+#include "util.h"
+
+#include <lua.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static char dir[] = "/tmp/stockade-test-policy-XXXXXX";
+
+static char *write_policy(const char *name, const char *text)
+{
+    char *path = xasprintf("%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+    return path;
+}
+
+static char *load_error(const char *name, const char *text)
+{
+    char *path = write_policy(name, text);
+    char *err = NULL;
+    struct policy *p = policy_load(path, &err);
+    if (p) {
+        policy_unref(p);
+        err = xstrdup("(loaded)");
+    }
+    free(path);
+    return err;
+}
+
+#define HEAD "local stockade = require 'stockade'\nreturn stockade.policy {\n"
+
+static void test_good_policy(void)
+{
+    char *path = write_policy("good.lua", HEAD
+        "  name = 'good',\n"
+        "  timeouts = { call = '5s', grace = '250ms' },\n"
+        "  limits = { output = '64KiB', processes = 10 },\n"
+        "  tools = {\n"
+        "    echo = stockade.tool { path = '/bin/echo', owner = 't', timeout = '2s' },\n"
+        "    cat = stockade.tool { path = '/bin/cat', owner = 't', idempotent = true },\n"
+        "  },\n"
+        "}\n");
+    char *err = NULL;
+    struct policy *p = policy_load(path, &err);
+    CHECK(p != NULL);
+    if (!p) {
+        fprintf(stderr, "load failed: %s\n", err);
+        free(err);
+        free(path);
+        return;
+    }
+    CHECK_STR(p->name, "good");
+    CHECK(p->timeouts.call_ms == 5000);
+    CHECK(p->timeouts.grace_ms == 250);
+    CHECK(p->timeouts.call_max_ms == 600000);     /* a default */
+    CHECK(p->limits.output == 65536);
+    CHECK(p->limits.processes == 10);
+    CHECK(p->ntools == 2);
+    const struct tool_def *echo = policy_tool(p, "echo");
+    CHECK(echo && echo->timeout_ms == 2000 && strcmp(echo->path, "/bin/echo") == 0);
+    const struct tool_def *cat = policy_tool(p, "cat");
+    CHECK(cat && cat->idempotent_declared && cat->idempotent);
+    CHECK(policy_tool(p, "rm") == NULL);
+    CHECK(p->generation > 0);
+    policy_unref(p);
+    free(path);
+}
+
+static void test_load_errors(void)
+{
+    char *e;
+    e = load_error("typo.lua", HEAD "  timeouts = { cal = '5s' },\n}\n");
+    CHECK(strstr(e, "typo.lua:2") && strstr(e, "timeouts.cal"));
+    free(e);
+    e = load_error("dur.lua", HEAD "  timeouts = { call = '5 seconds' },\n}\n");
+    CHECK(strstr(e, "dur.lua:2") && strstr(e, "timeouts.call"));
+    free(e);
+    e = load_error("bare.lua", HEAD "  timeouts = { call = 30 },\n}\n");
+    CHECK(strstr(e, "timeouts.call") != NULL);
+    free(e);
+    e = load_error("type.lua", HEAD "  limits = { processes = 'many' },\n}\n");
+    CHECK(strstr(e, "limits.processes") != NULL);
+    free(e);
+    e = load_error("rel.lua", HEAD "  tools = { x = stockade.tool { path = 'bin/x' } },\n}\n");
+    CHECK(strstr(e, "rel.lua:3") && strstr(e, "absolute"));
+    free(e);
+    e = load_error("unknownkey.lua", HEAD "  tools = {\n    x = stockade.tool {\n"
+                   "      path = '/bin/x', acept = function() end },\n  },\n}\n");
+    CHECK(strstr(e, "unknownkey.lua:4") && strstr(e, "acept"));
+    free(e);
+    e = load_error("syntax.lua", "return stockade.policy {\n");
+    CHECK(strstr(e, "syntax.lua") != NULL);
+    free(e);
+    e = load_error("global.lua", "x = 1\nreturn nil\n");
+    CHECK(strstr(e, "global.lua:1") && strstr(e, "undeclared global 'x'"));
+    free(e);
+    e = load_error("os.lua", "os.execute('touch /tmp/pwned')\n");
+    CHECK(strstr(e, "undeclared global 'os'") != NULL);
+    free(e);
+    e = load_error("io.lua", "local f = io.open('/etc/passwd')\n");
+    CHECK(strstr(e, "undeclared global 'io'") != NULL);
+    free(e);
+    e = load_error("req.lua", "local x = require 'os'\n");
+    CHECK(strstr(e, "not found") != NULL);
+    free(e);
+    e = load_error("load.lua", "local f = load('return 1')\n");
+    CHECK(strstr(e, "undeclared global 'load'") != NULL);
+    free(e);
+    e = load_error("dump.lua", "local d = string.dump\nassert(d == nil)\n"
+                   "return ('x').dump\n");
+    CHECK(strstr(e, "must return") != NULL);    /* nil: string.dump is gone everywhere */
+    free(e);
+    e = load_error("notpolicy.lua", "return { tools = {} }\n");
+    CHECK(strstr(e, "must return stockade.policy") != NULL);
+    free(e);
+    e = load_error("loop.lua", "while true do end\n");
+    CHECK(strstr(e, "budget") != NULL);
+    free(e);
+    e = load_error("nottool.lua", HEAD "  tools = { x = { path = '/bin/x' } },\n}\n");
+    CHECK(strstr(e, "stockade.tool") != NULL);
+    free(e);
+    char *missing = NULL;
+    CHECK(policy_load("/nonexistent/policy.lua", &missing) == NULL && missing &&
+          strstr(missing, "/nonexistent/policy.lua"));
+    free(missing);
+}
+
+static struct policy *hostile(void)
+{
+    char *path = write_policy("hostile.lua", HEAD
+        "  limits = { lua_memory = '8MiB', lua_instructions = 1000000 },\n"
+        "  tools = {\n"
+        "    ok = stockade.tool { path = '/bin/true', accept = function(c)\n"
+        "      return c.argv[1] ~= 'no', 'said no' end },\n"
+        "    loop = stockade.tool { path = '/bin/true', accept = function() while true do end end },\n"
+        "    swallow = stockade.tool { path = '/bin/true', accept = function()\n"
+        "      while true do pcall(function() while true do end end) end end },\n"
+        "    bomb = stockade.tool { path = '/bin/true', accept = function()\n"
+        "      local t = {} for i = 1, 1e9 do t[i] = string.rep('x', 1024) .. i end end },\n"
+        "    err = stockade.tool { path = '/bin/true', accept = function() error('boom') end },\n"
+        "    errobj = stockade.tool { path = '/bin/true', accept = function()\n"
+        "      error(setmetatable({}, { __tostring = function() error('again') end })) end },\n"
+        "    gw = stockade.tool { path = '/bin/true', accept = function() leaked = 1 return true end },\n"
+        "    wrong = stockade.tool { path = '/bin/true', accept = function() return 'yes' end },\n"
+        "    mutate = stockade.tool { path = '/bin/true', accept = function(c)\n"
+        "      c.argv[1] = 'changed' string.rep = nil return true end },\n"
+        "    idem = stockade.tool { path = '/bin/true', idempotent = function(c)\n"
+        "      return c.argv[1] == 'read' end },\n"
+        "  },\n"
+        "}\n");
+    char *err = NULL;
+    struct policy *p = policy_load(path, &err);
+    if (!p)
+        fprintf(stderr, "hostile.lua: %s\n", err);
+    free(err);
+    free(path);
+    return p;
+}
+
+static bool accept1(struct policy *p, const char *tool, const char *arg, char **reason)
+{
+    char *argv[] = {(char *)arg, NULL};
+    struct policy_call_view v = {tool, argv, arg ? 1 : 0, "sid", "/root/x", 3};
+    return policy_accept(p, policy_tool(p, tool), &v, reason);
+}
+
+static void test_hostile_hooks(void)
+{
+    struct policy *p = hostile();
+    CHECK(p != NULL);
+    if (!p)
+        return;
+    lua_State *L = p->L;
+    int top = lua_gettop(L);
+    char *reason = NULL;
+
+    CHECK(accept1(p, "ok", "yes", &reason) && reason == NULL);
+    CHECK(!accept1(p, "ok", "no", &reason) && reason && strstr(reason, "said no"));
+    free(reason);
+
+    const char *refused[] = {"loop", "swallow", "bomb", "err", "errobj", "gw", "wrong"};
+    for (size_t i = 0; i < ARRAY_LEN(refused); i++) {
+        reason = NULL;
+        bool ok = accept1(p, refused[i], "x", &reason);
+        CHECK(!ok && reason != NULL);
+        if (ok)
+            fprintf(stderr, "hook %s was accepted\n", refused[i]);
+        free(reason);
+        CHECK(lua_gettop(L) == top);
+        /* and the state still works after each */
+        reason = NULL;
+        CHECK(accept1(p, "ok", "yes", &reason));
+        free(reason);
+    }
+    CHECK(p->mem_used < p->mem_limit);
+
+    /* a hook gets copies: mutating them changes nothing for the caller or the next hook */
+    reason = NULL;
+    CHECK(accept1(p, "mutate", "orig", &reason));
+    free(reason);
+    reason = NULL;
+    CHECK(accept1(p, "ok", "yes", &reason));    /* string.rep was the env's copy */
+    free(reason);
+
+    char *rd[] = {"read", NULL}, *wr[] = {"write", NULL};
+    struct policy_call_view vr = {"idem", rd, 1, "s", "/r", 1}, vw = {"idem", wr, 1, "s", "/r", 1};
+    CHECK(policy_idempotent(p, policy_tool(p, "idem"), &vr, false));
+    CHECK(!policy_idempotent(p, policy_tool(p, "idem"), &vw, true));
+    /* undeclared: the request's hint */
+    CHECK(policy_idempotent(p, policy_tool(p, "ok"), &vr, true));
+    CHECK(!policy_idempotent(p, policy_tool(p, "ok"), &vr, false));
+    CHECK(lua_gettop(L) == top);
+    policy_unref(p);
+}
+
+static void test_refcount(void)
+{
+    struct policy *p = hostile();
+    CHECK(p && p->refcount == 1);
+    if (!p)
+        return;
+    policy_ref(p);
+    policy_unref(p);
+    CHECK(p->refcount == 1);
+    policy_unref(p);
+}
+
+int main(void)
+{
+    if (!mkdtemp(dir))
+        return 2;
+    log_threshold = LOG_ERROR;
+    test_good_policy();
+    test_load_errors();
+    test_hostile_hooks();
+    test_refcount();
+    char *cmd = xasprintf("rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    free(cmd);
+    return check_report("test_policy");
+}
