@@ -39,7 +39,7 @@ static char *uuid_v4(void)
 /* Take the first free uid of the range: a flock on STATE_DIR/uids/UID, released when the
  * fd closes (so a crashed supervisor frees its uids by dying). Start at a random offset
  * so that concurrent supervisors rarely contend. */
-static int uid_take(const char *state_dir, struct uid_range range, uid_t *uid)
+static int uid_take(const char *state_dir, struct uid_range range, uid_t prefer, uid_t *uid)
 {
     char *dir = xasprintf("%s/uids", state_dir);
     if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
@@ -49,6 +49,10 @@ static int uid_take(const char *state_dir, struct uid_range range, uid_t *uid)
     unsigned start = 0;
     if (getrandom(&start, sizeof start, 0) != sizeof start)
         start = (unsigned)getpid();
+    /* A kept root is owned by the uid it had: take that one first, so its files stay
+     * writable for the tool. */
+    if (prefer >= range.first && prefer - range.first < range.count)
+        start = prefer - range.first;
     int fd = -1;
     for (unsigned i = 0; i < range.count; i++) {
         uid_t u = range.first + (start + i) % range.count;
@@ -87,7 +91,11 @@ struct session *session_open(const char *state_dir, const char *id, bool reuse,
     s->drop_user = geteuid() == 0;
     if (s->drop_user) {
         errno = 0;
-        s->uid_lock_fd = uid_take(state_dir, range, &s->uid);
+        struct stat st;
+        char *existing = xasprintf("%s/sessions/%s", state_dir, s->id);
+        uid_t prefer = reuse && lstat(existing, &st) == 0 ? st.st_uid : 0;
+        free(existing);
+        s->uid_lock_fd = uid_take(state_dir, range, prefer, &s->uid);
         if (s->uid_lock_fd < 0) {
             *err = xasprintf("no free service uid in %u-%u: %s", (unsigned)range.first,
                              (unsigned)(range.first + range.count - 1), strerror(errno));

@@ -289,6 +289,24 @@ def test_output_flood_is_capped(run_json):
     assert r["truncated"] == {"stdout": total - cap, "stderr": 0}
 
 
+def test_output_flood_keeps_supervisor_small(stockade, state_dir):
+    # The supervisor's peak RSS, read from a wrapper that waits for it alone: 300 MB went
+    # through it, and it must have kept only the 1 MiB cap (sanitizer builds are bigger,
+    # hence the generous bound — still far below the flood).
+    import subprocess, sys
+    probe = (
+        "import resource, subprocess, sys\n"
+        "subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, timeout=60)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    )
+    cmd = [sys.executable, "-c", probe, stockade, "run", "--state-dir", state_dir,
+           "--policy", os.path.join(os.path.dirname(FIXTURES), "..", "policies", "default.lua"),
+           "--", "sh", "-c", "yes | head -c 300000000"]
+    out = subprocess.run(cmd, capture_output=True, timeout=90, check=True)
+    max_rss_kb = int(out.stdout.strip())
+    assert 0 < max_rss_kb < 96 * 1024, f"supervisor peaked at {max_rss_kb} KiB"
+
+
 def test_output_flood_plain_is_capped(run):
     cap = output_cap()
     cp = run(["--", "sh", "-c", "yes | head -c 300000000"], timeout=60)
