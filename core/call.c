@@ -119,8 +119,10 @@ static void capture(struct call *c, enum call_stream s, const char *data, size_t
     if (keep)
         buf_append(b, data, keep);
     *dropped += (int64_t)(n - keep);
-    if (keep && c->req.stream && c->on_output)
-        c->on_output(c, s, data, keep, c->ud);
+    /* A stream carries everything; only the final result is capped. The client's
+     * back-pressure (call_pause_output) keeps this from growing without bound. */
+    if (c->req.stream && c->on_output)
+        c->on_output(c, s, data, n, c->ud);
 }
 
 static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
@@ -326,8 +328,10 @@ static void on_shim_exit(struct proc *p, int wstatus, void *ud)
         answer(c);
         return;
     }
-    ev_timer_set(&c->answer_timer, DRAIN_AFTER_EXIT_MS / 1000.0, 0);
-    ev_timer_start(c->loop, &c->answer_timer);
+    /* repeat, so call_pause_output can restart it with ev_timer_again */
+    ev_timer_set(&c->answer_timer, DRAIN_AFTER_EXIT_MS / 1000.0, DRAIN_AFTER_EXIT_MS / 1000.0);
+    if (!c->paused)
+        ev_timer_start(c->loop, &c->answer_timer);
 }
 
 /* ---- starting ---------------------------------------------------------------------- */
@@ -475,10 +479,36 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
     ev_timer_set(&c->timeout_timer, (double)timeout / 1000.0, 0);
     ev_timer_start(loop, &c->timeout_timer);
     if (c->req.deadline_ms > 0) {
-        ev_timer_set(&c->deadline_timer, (double)c->req.deadline_ms / 1000.0, 0);
+        /* Fire a little early: the hard kill and the answer take a few ms, and the
+         * caller must never get an answer after its deadline. */
+        int64_t margin = c->req.deadline_ms / 10 < 25 ? c->req.deadline_ms / 10 : 25;
+        ev_timer_set(&c->deadline_timer, (double)(c->req.deadline_ms - margin) / 1000.0, 0);
         ev_timer_start(loop, &c->deadline_timer);
     }
     return c;
+}
+
+void call_pause_output(struct call *c, bool pause)
+{
+    if (c->paused == pause || c->state == CALL_ANSWERED || c->state == CALL_ACCEPTED)
+        return;
+    c->paused = pause;
+    struct call_stream_state *streams[] = {&c->out, &c->err};
+    for (size_t i = 0; i < ARRAY_LEN(streams); i++) {
+        if (streams[i]->eof)
+            continue;
+        if (pause)
+            ev_io_stop(c->loop, &streams[i]->watcher);
+        else
+            ev_io_start(c->loop, &streams[i]->watcher);
+    }
+    /* The drain guard after exit must not cut output we are merely not reading yet. */
+    if (c->state == CALL_REAPED) {
+        if (pause)
+            ev_timer_stop(c->loop, &c->answer_timer);
+        else
+            ev_timer_again(c->loop, &c->answer_timer);
+    }
 }
 
 void call_free(struct call *c)

@@ -91,6 +91,7 @@ struct call {
     struct proc proc;
     bool shim_reaped;
     struct call_stream_state out, err;
+    bool paused;                        /* output not read: the client is behind */
     ev_io stdin_watcher;
     size_t stdin_off;
 
@@ -112,6 +113,8 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
 /* End a running call for a reason (cancel, deadline, session expiry): its tree is
  * terminated and it is answered with `class`. */
 void call_stop(struct call *c, enum call_class class, const char *layer, bool hard);
+/* Stop (or resume) reading the tool's output: back-pressure from a slow client. */
+void call_pause_output(struct call *c, bool pause);
 /* Release everything; only after on_done. */
 void call_free(struct call *c);
 

@@ -2,5 +2,6 @@
 #define STOCKADE_CLI_H
 /* The subcommands; each returns the process exit status. */
 int cli_run(int argc, char **argv);
+int cli_serve(int argc, char **argv);
 
 #endif

@@ -13,6 +13,7 @@
 static const char usage[] =
     "usage: stockade COMMAND [ARGS]\n"
     "  run [options] -- TOOL [ARG...]   run one tool call in a fresh session\n"
+    "  serve [options]                  the MessagePack-RPC server (stdin/stdout or a socket)\n"
     "  version                          print the version\n"
     "See README.md and the design documents for the protocol and the policy API.\n";
 
@@ -32,6 +33,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (strcmp(cmd, "run") == 0)
         return cli_run(argc - 1, argv + 1);
+    if (strcmp(cmd, "serve") == 0)
+        return cli_serve(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         puts("stockade " STOCKADE_VERSION);
         return 0;

@@ -7,6 +7,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
+#include <nettle/sha2.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -491,6 +492,14 @@ struct policy *policy_load(const char *path, char **err)
         p->mem_limit = p->mem_used + (1u << 20);
     p->instr_limit = p->limits.lua_instructions > 0 ? p->limits.lua_instructions : 10000000;
     p->generation = next_generation++;
+    /* The policy's identity for hello and reload answers: sha256 of its text. */
+    struct sha256_ctx sha;
+    uint8_t digest[SHA256_DIGEST_SIZE];
+    sha256_init(&sha);
+    sha256_update(&sha, len, (const uint8_t *)text);
+    sha256_digest(&sha, sizeof digest, digest);
+    for (size_t i = 0; i < sizeof digest; i++)
+        snprintf(p->sha256 + 2 * i, 3, "%02x", digest[i]);
     free(text);
     return p;
 

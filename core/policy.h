@@ -37,6 +37,7 @@ struct policy {
     unsigned refcount;
     unsigned generation;
     char *path;
+    char sha256[65];            /* of the policy file's text, hex */
     char *name;
     char *isolation;
     char *env_path;

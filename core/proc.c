@@ -253,3 +253,23 @@ int proc_sweep_orphans(void)
     proc_reap();
     return n;
 }
+
+void proc_count_tree(unsigned *live, unsigned *zombies)
+{
+    struct pidset tree = {0};
+    pidset_add(&tree, getpid());
+    for (size_t i = 0; i < tree.n && tree.n < 100000; i++)
+        read_children(tree.v[i], &tree);
+    *live = *zombies = 0;
+    for (size_t i = 1; i < tree.n; i++) {
+        pid_t ppid;
+        char state;
+        if (read_stat(tree.v[i], &ppid, &state) < 0)
+            continue;
+        if (state == 'Z')
+            (*zombies)++;
+        else
+            (*live)++;
+    }
+    free(tree.v);
+}

@@ -41,4 +41,7 @@ unsigned long proc_orphans_reaped(void);
  * hit. Returns the number of live descendants signalled (zombies are not counted). */
 int proc_signal_descendants(pid_t root, int sig, bool skip_registered);
 
+/* Live and zombie processes below the supervisor (every call's tree, and orphans). */
+void proc_count_tree(unsigned *live, unsigned *zombies);
+
 #endif

@@ -1,0 +1,90 @@
+/* `stockade serve`: option parsing; the server itself is core/server.c. */
+#include "cli.h"
+#include "root.h"
+#include "rpc.h"
+#include "server.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char serve_usage[] =
+    "usage: stockade serve [--policy FILE] [--state-dir DIR] [--listen unix:PATH]\n"
+    "                      [--allow-uid UID]... [--max-message SIZE] [--drain-timeout DUR]\n"
+    "                      [--uid-range FIRST-LAST] [--verbose]\n"
+    "Speaks MessagePack-RPC (PROTOCOL.md) on stdin/stdout, or on a Unix socket.\n";
+
+int cli_serve(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"policy", required_argument, 0, 'p'}, {"state-dir", required_argument, 0, 'd'},
+        {"listen", required_argument, 0, 'l'}, {"allow-uid", required_argument, 0, 'a'},
+        {"max-message", required_argument, 0, 'm'}, {"drain-timeout", required_argument, 0, 't'},
+        {"uid-range", required_argument, 0, 'u'}, {"verbose", no_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+    };
+    struct server_opts o = {
+        .policy_path = getenv("STOCKADE_POLICY"),
+        .max_message = RPC_MAX_MESSAGE_DEFAULT,
+        .drain_ms = 10000,
+        .uids = UID_RANGE_DEFAULT,
+    };
+    const char *state_flag = NULL;
+    int64_t v;
+    int opt;
+    log_threshold = LOG_WARN;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "+p:d:l:a:m:t:u:vh", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'p': o.policy_path = optarg; break;
+        case 'd': state_flag = optarg; break;
+        case 'l':
+            if (strncmp(optarg, "unix:", 5) != 0 || !optarg[5])
+                die("--listen: expected unix:PATH, got '%s'", optarg);
+            o.listen_path = optarg + 5;
+            break;
+        case 'a': {
+            char *end;
+            unsigned long u = strtoul(optarg, &end, 10);
+            if (*end || !*optarg || u > 0xfffffffeUL)
+                die("--allow-uid: not a uid: '%s'", optarg);
+            if (o.n_allow_uids == ARRAY_LEN(o.allow_uids))
+                die("--allow-uid: at most %zu", ARRAY_LEN(o.allow_uids));
+            o.allow_uids[o.n_allow_uids++] = (uid_t)u;
+            break;
+        }
+        case 'm':
+            if (parse_size(optarg, &v) < 0 || v < 1024 || v > (1LL << 30))
+                die("--max-message: expected a size from 1KiB to 1GiB, got '%s'", optarg);
+            o.max_message = (size_t)v;
+            break;
+        case 't':
+            if (parse_duration_ms(optarg, &v) < 0)
+                die("--drain-timeout: bad duration '%s' (expected e.g. 10s)", optarg);
+            o.drain_ms = v;
+            break;
+        case 'u':
+            if (uid_range_parse(optarg, &o.uids) < 0)
+                die("--uid-range: expected FIRST-LAST with 0 < FIRST <= LAST, got '%s'", optarg);
+            break;
+        case 'v': log_threshold = LOG_DEBUG; break;
+        case 'h': fputs(serve_usage, stdout); return 0;
+        default: fputs(serve_usage, stderr); return 125;
+        }
+    }
+    if (optind < argc)
+        die("serve: unexpected argument '%s'", argv[optind]);
+    if (!o.policy_path)
+        o.policy_path = "/etc/stockade/policy.lua";
+    if (o.n_allow_uids == 0)
+        o.allow_uids[o.n_allow_uids++] = geteuid();
+    char *state_dir = root_state_dir(state_flag);
+    if (!state_dir)
+        die("no state dir: pass --state-dir, or set STOCKADE_STATE_DIR or XDG_RUNTIME_DIR");
+    o.state_dir = state_dir;
+    int rc = server_run(&o);
+    free(state_dir);
+    return rc;
+}

@@ -1,0 +1,1046 @@
+#include "server.h"
+#include "call.h"
+#include "policy.h"
+#include "proc.h"
+#include "root.h"
+#include "rpc.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define STOCKADE_VERSION "0.1.0"
+#define LATENCY_SAMPLES 1024
+#define CLASS_COUNT (CLASS_INTERNAL + 1)
+
+struct srv_conn;
+struct srv_session;
+
+/* A call in flight, as the server sees it: who asked (conn may go away first), under
+ * which msgid, in which session. */
+struct srv_call {
+    struct call *call;
+    struct srv_conn *conn;
+    uint32_t msgid;
+    struct srv_session *sess;
+    bool counted;                   /* in srv->running: a process was started */
+    struct srv_call *next;          /* in the server's list */
+};
+
+struct close_waiter {
+    struct srv_conn *conn;
+    uint32_t msgid;
+    struct close_waiter *next;
+};
+
+struct srv_session {
+    struct session *s;
+    struct server *srv;
+    uid_t owner_uid;
+    struct srv_conn *owner;         /* where session.expired goes; NULL once it left */
+    ev_timer lease, fuse;
+    int64_t ttl_ms;
+    int64_t expires_at_ms, fuse_at_ms;  /* wall clock, for clients */
+    unsigned ncalls;
+    bool ending;
+    const char *end_layer;          /* "fuse" / "ttl" when it expired, NULL when closed */
+    unsigned calls_killed;
+    struct close_waiter *waiters;
+    struct srv_session *next;
+};
+
+struct srv_conn {
+    struct rpc_conn *rpc;
+    struct server *srv;
+    uid_t uid;
+    struct srv_conn *next;
+};
+
+struct tool_latency {
+    char *tool;
+    int64_t samples[LATENCY_SAMPLES];
+    size_t n, pos;
+    struct tool_latency *next;
+};
+
+struct server {
+    struct ev_loop *loop;
+    const struct server_opts *opts;
+    struct policy *policy;
+    char *policy_path;
+    char *state_dir;
+    struct srv_session *sessions;
+    unsigned nsessions;
+    struct srv_call *calls;
+    unsigned running;
+    struct srv_conn *conns;
+    int listen_fd;
+    ev_io listen_watcher;
+    ev_signal sighup, sigterm, sigint;
+    ev_timer drain_timer;
+    bool draining, stopping;
+    uint64_t class_counts[CLASS_COUNT];
+    uint64_t redactions;
+    struct tool_latency *latencies;
+};
+
+/* ---- small helpers ------------------------------------------------------------------ */
+
+static struct srv_session *session_find(struct server *srv, const char *id)
+{
+    for (struct srv_session *ss = srv->sessions; ss; ss = ss->next)
+        if (strcmp(ss->s->id, id) == 0)
+            return ss;
+    return NULL;
+}
+
+static void send_notification_begin(struct srv_conn *conn, const char *method, uint32_t nfields)
+{
+    msgpack_packer *pk = &conn->rpc->pk;
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_int(pk, 2);
+    rpc_pack_str(pk, method);
+    msgpack_pack_map(pk, nfields);
+}
+
+static msgpack_packer *result_begin(struct srv_conn *conn, uint32_t msgid, uint32_t nfields)
+{
+    msgpack_packer *pk = &conn->rpc->pk;
+    msgpack_pack_array(pk, 4);
+    msgpack_pack_int(pk, 1);
+    msgpack_pack_uint32(pk, msgid);
+    msgpack_pack_nil(pk);
+    msgpack_pack_map(pk, nfields);
+    return pk;
+}
+
+static void bad_request(struct srv_conn *conn, uint32_t msgid, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void bad_request(struct srv_conn *conn, uint32_t msgid, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    rpc_send_error(conn->rpc, msgid, "BAD_REQUEST", false, msg, NULL);
+}
+
+static int count_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (de->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n - 1;   /* the directory's own fd */
+}
+
+static long rss_kb(void)
+{
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "re");
+    if (!f)
+        return -1;
+    if (fscanf(f, "%ld %ld", &pages, &resident) != 2)
+        resident = -1;
+    fclose(f);
+    return resident < 0 ? -1 : resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static void record_latency(struct server *srv, const char *tool, int64_t ms)
+{
+    struct tool_latency *t;
+    for (t = srv->latencies; t; t = t->next)
+        if (strcmp(t->tool, tool) == 0)
+            break;
+    if (!t) {
+        t = xcalloc(1, sizeof *t);
+        t->tool = xstrdup(tool);
+        t->next = srv->latencies;
+        srv->latencies = t;
+    }
+    t->samples[t->pos] = ms;
+    t->pos = (t->pos + 1) % LATENCY_SAMPLES;
+    if (t->n < LATENCY_SAMPLES)
+        t->n++;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* ---- sessions ----------------------------------------------------------------------- */
+
+static void session_finish(struct srv_session *ss);
+
+static void session_end(struct srv_session *ss, const char *layer)
+{
+    if (ss->ending)
+        return;
+    ss->ending = true;
+    ss->end_layer = layer;
+    ev_timer_stop(ss->srv->loop, &ss->lease);
+    ev_timer_stop(ss->srv->loop, &ss->fuse);
+    for (struct srv_call *sc = ss->srv->calls; sc; sc = sc->next) {
+        if (sc->sess != ss)
+            continue;
+        ss->calls_killed++;
+        /* Hard: the session's time is up (or it was closed); no grace for its tools. */
+        if (layer)
+            call_stop(sc->call, CLASS_SESSION_EXPIRED, layer, true);
+        else
+            call_stop(sc->call, CLASS_CANCELLED, NULL, true);
+    }
+    if (ss->ncalls == 0)
+        session_finish(ss);
+}
+
+/* The last call of an ending session is answered: remove its root, tell who asked. */
+static void session_finish(struct srv_session *ss)
+{
+    struct server *srv = ss->srv;
+    for (struct srv_session **pp = &srv->sessions; *pp; pp = &(*pp)->next) {
+        if (*pp == ss) {
+            *pp = ss->next;
+            break;
+        }
+    }
+    srv->nsessions--;
+    char *id = xstrdup(ss->s->id);
+    bool removed = session_close(ss->s) == 0;
+    if (ss->end_layer && ss->owner) {
+        send_notification_begin(ss->owner, "session.expired", 2);
+        rpc_pack_kv_str(&ss->owner->rpc->pk, "session_id", id);
+        rpc_pack_kv_str(&ss->owner->rpc->pk, "layer", ss->end_layer);
+        rpc_conn_flush(ss->owner->rpc);
+    }
+    while (ss->waiters) {
+        struct close_waiter *w = ss->waiters;
+        ss->waiters = w->next;
+        if (w->conn) {
+            msgpack_packer *pk = result_begin(w->conn, w->msgid, 2);
+            rpc_pack_kv_bool(pk, "removed", removed);
+            rpc_pack_kv_int(pk, "calls_killed", ss->calls_killed);
+            rpc_conn_flush(w->conn->rpc);
+        }
+        free(w);
+    }
+    if (ss->end_layer)
+        LOG_I("session %s expired (%s)", id, ss->end_layer);
+    free(id);
+    free(ss);
+}
+
+static void on_lease(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct srv_session *ss = w->data;
+    /* A running call is activity: the lease only lapses on an idle session. */
+    if (ss->ncalls > 0) {
+        ev_timer_again(ss->srv->loop, &ss->lease);
+        ss->expires_at_ms = wall_ms() + ss->ttl_ms;
+        return;
+    }
+    session_end(ss, "ttl");
+}
+
+static void on_fuse(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    session_end(w->data, "fuse");
+}
+
+static void session_touch(struct srv_session *ss)
+{
+    ev_timer_again(ss->srv->loop, &ss->lease);
+    ss->expires_at_ms = wall_ms() + ss->ttl_ms;
+}
+
+static void pack_session_info(msgpack_packer *pk, const struct srv_session *ss)
+{
+    rpc_pack_kv_str(pk, "session_id", ss->s->id);
+    rpc_pack_kv_str(pk, "root", ss->s->root);
+    rpc_pack_kv_int(pk, "expires_at_ms", ss->expires_at_ms);
+    rpc_pack_kv_int(pk, "fuse_at_ms", ss->fuse_at_ms);
+}
+
+/* Optional non-negative integer param; false (and an answer sent) when malformed. */
+static bool param_int(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params,
+                      const char *key, int64_t *out, bool *present)
+{
+    const msgpack_object *o = rpc_map_get(params, key);
+    *present = false;
+    if (!o || o->type == MSGPACK_OBJECT_NIL)
+        return true;
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT64_MAX) {
+        *out = (int64_t)o->via.u64;
+    } else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        *out = o->via.i64;
+    } else {
+        bad_request(conn, msgid, "%s: expected an integer", key);
+        return false;
+    }
+    *present = true;
+    return true;
+}
+
+static void m_session_open(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
+{
+    struct server *srv = conn->srv;
+    const msgpack_object *idobj = rpc_map_get(params, "session_id");
+    int64_t ttl = 0, fuse = 0;
+    bool has_ttl, has_fuse;
+    if (!param_int(conn, msgid, params, "ttl_ms", &ttl, &has_ttl) ||
+        !param_int(conn, msgid, params, "fuse_ms", &fuse, &has_fuse))
+        return;
+    if ((has_ttl && ttl <= 0) || (has_fuse && fuse <= 0)) {
+        bad_request(conn, msgid, "ttl_ms and fuse_ms must be positive");
+        return;
+    }
+    const msgpack_object *labels = rpc_map_get(params, "labels");
+    if (labels && labels->type != MSGPACK_OBJECT_MAP && labels->type != MSGPACK_OBJECT_NIL) {
+        bad_request(conn, msgid, "labels: expected a map");
+        return;
+    }
+    char *id = NULL;
+    if (idobj && idobj->type != MSGPACK_OBJECT_NIL) {
+        id = rpc_obj_is_str(idobj) ? rpc_obj_strdup(idobj) : NULL;
+        if (!id || !root_id_valid(id) || strlen(id) != idobj->via.str.size) {
+            free(id);
+            bad_request(conn, msgid,
+                        "session_id: expected a string matching [A-Za-z0-9][A-Za-z0-9_.-]{0,63}");
+            return;
+        }
+        struct srv_session *ss = session_find(srv, id);
+        if (ss) {
+            /* Reattach: the same uid may pick up its session on another connection. */
+            if (ss->owner_uid != conn->uid || ss->ending) {
+                bad_request(conn, msgid, "session %s is in use", id);
+            } else {
+                ss->owner = conn;
+                session_touch(ss);
+                msgpack_packer *pk = result_begin(conn, msgid, 4);
+                pack_session_info(pk, ss);
+                rpc_conn_flush(conn->rpc);
+            }
+            free(id);
+            return;
+        }
+    }
+    if (srv->draining) {
+        rpc_send_error(conn->rpc, msgid, "OVERLOADED", true, "the server is shutting down", NULL);
+        free(id);
+        return;
+    }
+    if ((int64_t)srv->nsessions >= srv->policy->limits.sessions) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "session limit reached (%u open)", srv->nsessions);
+        rpc_send_error(conn->rpc, msgid, "OVERLOADED", true, msg, NULL);
+        free(id);
+        return;
+    }
+    char *err = NULL;
+    struct session *s = session_open(srv->state_dir, id, false, srv->opts->uids, &err);
+    free(id);
+    if (!s) {
+        rpc_send_error(conn->rpc, msgid, errno == EEXIST ? "BAD_REQUEST" : "INTERNAL", false,
+                       err, NULL);
+        LOG_W("session.open: %s", err);
+        free(err);
+        return;
+    }
+    const struct policy_timeouts *to = &srv->policy->timeouts;
+    struct srv_session *ss = xcalloc(1, sizeof *ss);
+    ss->s = s;
+    ss->srv = srv;
+    ss->owner = conn;
+    ss->owner_uid = conn->uid;
+    ss->ttl_ms = has_ttl ? ttl : to->lease_ms;
+    int64_t fuse_ms = has_fuse && fuse < to->fuse_ms ? fuse : to->fuse_ms;
+    ev_timer_init(&ss->lease, on_lease, 0, (double)ss->ttl_ms / 1000.0);
+    ev_timer_init(&ss->fuse, on_fuse, (double)fuse_ms / 1000.0, 0);
+    ss->lease.data = ss->fuse.data = ss;
+    session_touch(ss);
+    ev_timer_start(srv->loop, &ss->fuse);
+    ss->fuse_at_ms = wall_ms() + fuse_ms;
+    ss->next = srv->sessions;
+    srv->sessions = ss;
+    srv->nsessions++;
+    msgpack_packer *pk = result_begin(conn, msgid, 4);
+    pack_session_info(pk, ss);
+    rpc_conn_flush(conn->rpc);
+}
+
+/* The session a request names, touched; NULL (and an answer sent) otherwise. */
+static struct srv_session *session_param(struct srv_conn *conn, uint32_t msgid,
+                                         const msgpack_object *params)
+{
+    const msgpack_object *o = rpc_map_get(params, "session_id");
+    if (!rpc_obj_is_str(o)) {
+        bad_request(conn, msgid, "session_id: required string");
+        return NULL;
+    }
+    char *id = rpc_obj_strdup(o);
+    struct srv_session *ss = session_find(conn->srv, id);
+    if (!ss || ss->ending || ss->owner_uid != conn->uid) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "no such session: %.64s", id);
+        rpc_send_error(conn->rpc, msgid, "NO_SUCH_SESSION", false, msg, NULL);
+        free(id);
+        return NULL;
+    }
+    free(id);
+    session_touch(ss);
+    return ss;
+}
+
+static void m_session_renew(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
+{
+    struct srv_session *ss = session_param(conn, msgid, params);
+    if (!ss)
+        return;
+    msgpack_packer *pk = result_begin(conn, msgid, 1);
+    rpc_pack_kv_int(pk, "expires_at_ms", ss->expires_at_ms);
+    rpc_conn_flush(conn->rpc);
+}
+
+static void m_session_close(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
+{
+    struct srv_session *ss = session_param(conn, msgid, params);
+    if (!ss)
+        return;
+    struct close_waiter *w = xcalloc(1, sizeof *w);
+    w->conn = conn;
+    w->msgid = msgid;
+    w->next = ss->waiters;
+    ss->waiters = w;
+    session_end(ss, NULL);    /* answers now, or when its last call is reaped */
+}
+
+/* ---- calls -------------------------------------------------------------------------- */
+
+static void pack_call_result(msgpack_packer *pk, const struct call_result *r)
+{
+    msgpack_pack_map(pk, 13);
+    rpc_pack_kv_str(pk, "class", call_class_name(r->class));
+    rpc_pack_kv_bool(pk, "retryable", r->retryable);
+    rpc_pack_kv_str(pk, "message", r->message ? r->message : "");
+    rpc_pack_kv_str(pk, "layer", r->layer);
+    rpc_pack_key(pk, "exit_code");
+    if (r->has_exit_code)
+        msgpack_pack_int(pk, r->exit_code);
+    else
+        msgpack_pack_nil(pk);
+    rpc_pack_key(pk, "signal");
+    if (r->signal)
+        msgpack_pack_int(pk, r->signal);
+    else
+        msgpack_pack_nil(pk);
+    rpc_pack_key(pk, "stdout");
+    msgpack_pack_bin_with_body(pk, r->out.data ? r->out.data : "", r->out.len);
+    rpc_pack_key(pk, "stderr");
+    msgpack_pack_bin_with_body(pk, r->err.data ? r->err.data : "", r->err.len);
+    rpc_pack_key(pk, "truncated");
+    msgpack_pack_map(pk, 2);
+    rpc_pack_kv_int(pk, "stdout", r->truncated_out);
+    rpc_pack_kv_int(pk, "stderr", r->truncated_err);
+    rpc_pack_kv_int(pk, "redactions", r->redactions);
+    rpc_pack_kv_int(pk, "duration_ms", r->duration_ms);
+    rpc_pack_kv_int(pk, "cpu_ms", r->cpu_ms);
+    rpc_pack_kv_int(pk, "max_rss_kb", r->max_rss_kb);
+}
+
+static void maybe_stop(struct server *srv);
+
+static void on_call_done(struct call *c, void *ud)
+{
+    struct srv_call *sc = ud;
+    struct server *srv = sc->sess->srv;
+    const struct call_result *r = &c->result;
+    if (sc->conn) {
+        msgpack_packer *pk = &sc->conn->rpc->pk;
+        msgpack_pack_array(pk, 4);
+        msgpack_pack_int(pk, 1);
+        msgpack_pack_uint32(pk, sc->msgid);
+        msgpack_pack_nil(pk);
+        pack_call_result(pk, r);
+        rpc_conn_flush(sc->conn->rpc);
+    }
+    srv->class_counts[r->class]++;
+    srv->redactions += (uint64_t)r->redactions;
+    if (sc->counted)
+        record_latency(srv, c->req.tool, r->duration_ms);
+    for (struct srv_call **pp = &srv->calls; *pp; pp = &(*pp)->next) {
+        if (*pp == sc) {
+            *pp = sc->next;
+            break;
+        }
+    }
+    struct srv_session *ss = sc->sess;
+    if (sc->counted)
+        srv->running--;
+    ss->ncalls--;
+    call_free(c);
+    free(sc);
+    if (ss->ending && ss->ncalls == 0)
+        session_finish(ss);
+    maybe_stop(srv);
+}
+
+static void on_call_output(struct call *c, enum call_stream s, const char *data, size_t len,
+                           void *ud)
+{
+    struct srv_call *sc = ud;
+    (void)c;
+    if (!sc->conn)
+        return;
+    send_notification_begin(sc->conn, "call.output", 3);
+    msgpack_packer *pk = &sc->conn->rpc->pk;
+    rpc_pack_kv_int(pk, "msgid", sc->msgid);
+    rpc_pack_kv_str(pk, "stream", s == CALL_STDOUT ? "stdout" : "stderr");
+    rpc_pack_key(pk, "data");
+    msgpack_pack_bin_with_body(pk, data, len);
+    rpc_conn_flush(sc->conn->rpc);
+}
+
+static bool parse_call(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params,
+                       struct call_request *req)
+{
+    const msgpack_object *tool = rpc_map_get(params, "tool");
+    if (!rpc_obj_is_str(tool) || tool->via.str.size == 0 ||
+        memchr(tool->via.str.ptr, 0, tool->via.str.size)) {
+        bad_request(conn, msgid, "tool: required non-empty string");
+        return false;
+    }
+    const msgpack_object *argv = rpc_map_get(params, "argv");
+    const msgpack_object *args = rpc_map_get(params, "args");
+    if (args && args->type != MSGPACK_OBJECT_NIL) {
+        bad_request(conn, msgid, "args: structured arguments are not supported by this "
+                                 "server yet; send argv");
+        return false;
+    }
+    if (argv && argv->type != MSGPACK_OBJECT_NIL) {
+        if (argv->type != MSGPACK_OBJECT_ARRAY) {
+            bad_request(conn, msgid, "argv: expected an array of strings");
+            return false;
+        }
+        for (uint32_t i = 0; i < argv->via.array.size; i++) {
+            const msgpack_object *a = &argv->via.array.ptr[i];
+            if (!rpc_obj_is_str(a) || memchr(a->via.str.ptr, 0, a->via.str.size)) {
+                bad_request(conn, msgid, "argv[%u]: expected a string without NUL bytes", i);
+                return false;
+            }
+        }
+    }
+    const msgpack_object *in = rpc_map_get(params, "stdin");
+    if (in && in->type != MSGPACK_OBJECT_NIL && in->type != MSGPACK_OBJECT_BIN &&
+        in->type != MSGPACK_OBJECT_STR) {
+        bad_request(conn, msgid, "stdin: expected bin");
+        return false;
+    }
+    int64_t timeout = 0, deadline = 0, depth = -1;
+    bool has_timeout, has_deadline, has_depth;
+    if (!param_int(conn, msgid, params, "timeout_ms", &timeout, &has_timeout) ||
+        !param_int(conn, msgid, params, "deadline_ms", &deadline, &has_deadline) ||
+        !param_int(conn, msgid, params, "depth", &depth, &has_depth))
+        return false;
+    if (has_timeout && timeout <= 0) {
+        bad_request(conn, msgid, "timeout_ms: must be positive");
+        return false;
+    }
+    const char *bools[] = {"idempotent", "stream"};
+    bool vals[2] = {false, false};
+    for (size_t i = 0; i < 2; i++) {
+        const msgpack_object *b = rpc_map_get(params, bools[i]);
+        if (b && b->type != MSGPACK_OBJECT_NIL && b->type != MSGPACK_OBJECT_BOOLEAN) {
+            bad_request(conn, msgid, "%s: expected a boolean", bools[i]);
+            return false;
+        }
+        vals[i] = b && b->type == MSGPACK_OBJECT_BOOLEAN && b->via.boolean;
+    }
+
+    memset(req, 0, sizeof *req);
+    req->tool = rpc_obj_strdup(tool);
+    uint32_t n = argv && argv->type == MSGPACK_OBJECT_ARRAY ? argv->via.array.size : 0;
+    req->argv = xcalloc(n + 1, sizeof *req->argv);
+    for (uint32_t i = 0; i < n; i++)
+        req->argv[i] = rpc_obj_strdup(&argv->via.array.ptr[i]);
+    req->argc = n;
+    if (in && (in->type == MSGPACK_OBJECT_BIN || in->type == MSGPACK_OBJECT_STR)) {
+        size_t len = in->type == MSGPACK_OBJECT_BIN ? in->via.bin.size : in->via.str.size;
+        const char *p = in->type == MSGPACK_OBJECT_BIN ? in->via.bin.ptr : in->via.str.ptr;
+        req->stdin_data = xmalloc(len ? len : 1);
+        if (len)
+            memcpy(req->stdin_data, p, len);
+        req->stdin_len = len;
+    }
+    req->timeout_ms = has_timeout ? timeout : 0;
+    /* a deadline already spent is below any minimum: refused as DEADLINE_EXCEEDED */
+    req->deadline_ms = has_deadline ? (deadline > 0 ? deadline : 1) : 0;
+    req->depth = has_depth ? (depth > 0 ? depth : 0) : -1;
+    req->idempotent_hint = vals[0];
+    req->stream = vals[1];
+    return true;
+}
+
+static void m_call(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
+{
+    struct server *srv = conn->srv;
+    struct srv_session *ss = session_param(conn, msgid, params);
+    if (!ss)
+        return;
+    struct call_request req;
+    if (!parse_call(conn, msgid, params, &req))
+        return;
+    if (srv->draining || (int64_t)srv->running >= srv->policy->limits.running) {
+        char msg[128];
+        snprintf(msg, sizeof msg, srv->draining ? "the server is shutting down"
+                                                : "running-call limit reached (%u running)",
+                 srv->running);
+        rpc_send_error(conn->rpc, msgid, "OVERLOADED", true, msg, NULL);
+        call_request_free(&req);
+        return;
+    }
+    struct srv_call *sc = xcalloc(1, sizeof *sc);
+    sc->conn = conn;
+    sc->msgid = msgid;
+    sc->sess = ss;
+    sc->next = srv->calls;
+    srv->calls = sc;
+    ss->ncalls++;
+    sc->call = call_start(srv->loop, srv->policy, ss->s, &req, on_call_done, on_call_output, sc);
+    if (sc->call->state == CALL_RUNNING) {
+        sc->counted = true;
+        srv->running++;
+        if (conn->rpc->under_pressure)
+            call_pause_output(sc->call, true);
+    }
+}
+
+static void m_cancel(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
+{
+    const msgpack_object *o = rpc_map_get(params, "msgid");
+    if (!o || o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > UINT32_MAX) {
+        bad_request(conn, msgid, "msgid: required unsigned integer");
+        return;
+    }
+    bool found = false;
+    for (struct srv_call *sc = conn->srv->calls; sc; sc = sc->next) {
+        if (sc->conn == conn && sc->msgid == (uint32_t)o->via.u64 &&
+            (sc->call->state == CALL_RUNNING || sc->call->state == CALL_TERMINATING)) {
+            call_stop(sc->call, CLASS_CANCELLED, NULL, false);
+            found = true;
+        }
+    }
+    msgpack_packer *pk = result_begin(conn, msgid, 1);
+    rpc_pack_kv_bool(pk, "cancelled", found);
+    rpc_conn_flush(conn->rpc);
+}
+
+/* ---- facts -------------------------------------------------------------------------- */
+
+static const char *const process_layers[] = {"rlimits", "no_new_privs", "subreaper", "uid"};
+
+static void m_hello(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
+{
+    (void)params;
+    struct server *srv = conn->srv;
+    msgpack_packer *pk = result_begin(conn, msgid, 5);
+    rpc_pack_kv_int(pk, "protocol", 1);
+    rpc_pack_kv_str(pk, "version", STOCKADE_VERSION);
+    rpc_pack_key(pk, "policy");
+    msgpack_pack_map(pk, 3);
+    rpc_pack_kv_str(pk, "name", srv->policy->name);
+    rpc_pack_kv_str(pk, "sha256", srv->policy->sha256);
+    rpc_pack_kv_int(pk, "generation", srv->policy->generation);
+    rpc_pack_key(pk, "isolation");
+    msgpack_pack_map(pk, 2);
+    rpc_pack_kv_str(pk, "level", "process");
+    rpc_pack_key(pk, "layers");
+    size_t nlayers = ARRAY_LEN(process_layers) - (geteuid() == 0 ? 0 : 1);
+    msgpack_pack_array(pk, nlayers);
+    for (size_t i = 0; i < nlayers; i++)
+        rpc_pack_str(pk, process_layers[i]);
+    rpc_pack_key(pk, "limits");
+    msgpack_pack_map(pk, 3);
+    rpc_pack_kv_int(pk, "max_sessions", srv->policy->limits.sessions);
+    rpc_pack_kv_int(pk, "max_running", srv->policy->limits.running);
+    rpc_pack_kv_int(pk, "max_message", (int64_t)srv->opts->max_message);
+    rpc_conn_flush(conn->rpc);
+}
+
+static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
+{
+    (void)params;
+    struct server *srv = conn->srv;
+    unsigned live, zombies;
+    proc_count_tree(&live, &zombies);
+    msgpack_packer *pk = result_begin(conn, msgid, 11);
+    rpc_pack_kv_int(pk, "sessions", srv->nsessions);
+    rpc_pack_kv_int(pk, "running", srv->running);
+    rpc_pack_key(pk, "calls");
+    msgpack_pack_map(pk, CLASS_COUNT);
+    for (int i = 0; i < CLASS_COUNT; i++)
+        rpc_pack_kv_int(pk, call_class_name((enum call_class)i), (int64_t)srv->class_counts[i]);
+    rpc_pack_kv_int(pk, "processes", live);
+    rpc_pack_kv_int(pk, "zombies", zombies);
+    rpc_pack_kv_int(pk, "fds", count_fds());
+    rpc_pack_kv_int(pk, "rss_kb", rss_kb());
+    rpc_pack_key(pk, "alarms");
+    msgpack_pack_array(pk, 0);
+    rpc_pack_key(pk, "latency_ms");
+    unsigned ntools = 0;
+    for (struct tool_latency *t = srv->latencies; t; t = t->next)
+        ntools++;
+    msgpack_pack_map(pk, ntools);
+    for (struct tool_latency *t = srv->latencies; t; t = t->next) {
+        int64_t sorted[LATENCY_SAMPLES];
+        memcpy(sorted, t->samples, t->n * sizeof *sorted);
+        qsort(sorted, t->n, sizeof *sorted, cmp_i64);
+        rpc_pack_key(pk, t->tool);
+        msgpack_pack_map(pk, 3);
+        rpc_pack_kv_int(pk, "p50", sorted[(t->n - 1) * 50 / 100]);
+        rpc_pack_kv_int(pk, "p95", sorted[(t->n - 1) * 95 / 100]);
+        rpc_pack_kv_int(pk, "p99", sorted[(t->n - 1) * 99 / 100]);
+    }
+    rpc_pack_kv_int(pk, "redactions", (int64_t)srv->redactions);
+    rpc_pack_kv_int(pk, "policy_generation", srv->policy->generation);
+    rpc_conn_flush(conn->rpc);
+}
+
+/* Load and check completely, then swap; running calls keep their generation. */
+static struct policy *reload(struct server *srv, const char *path, char **err)
+{
+    struct policy *p = policy_load(path, err);
+    if (!p)
+        return NULL;
+    struct policy *old = srv->policy;
+    srv->policy = p;
+    if (path != srv->policy_path) {
+        free(srv->policy_path);
+        srv->policy_path = xstrdup(path);
+    }
+    policy_unref(old);
+    LOG_I("policy %s loaded: generation %u", path, p->generation);
+    return p;
+}
+
+static void m_policy_reload(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
+{
+    struct server *srv = conn->srv;
+    const msgpack_object *o = rpc_map_get(params, "path");
+    char *path = NULL;
+    if (o && o->type != MSGPACK_OBJECT_NIL) {
+        if (!rpc_obj_is_str(o) || o->via.str.size == 0) {
+            bad_request(conn, msgid, "path: expected a string");
+            return;
+        }
+        path = rpc_obj_strdup(o);
+    }
+    char *err = NULL;
+    struct policy *p = reload(srv, path ? path : srv->policy_path, &err);
+    free(path);
+    if (!p) {
+        rpc_send_error(conn->rpc, msgid, "BAD_REQUEST", false, err, NULL);
+        LOG_W("policy.reload refused, the old policy stays: %s", err);
+        free(err);
+        return;
+    }
+    msgpack_packer *pk = result_begin(conn, msgid, 2);
+    rpc_pack_kv_int(pk, "generation", p->generation);
+    rpc_pack_kv_str(pk, "sha256", p->sha256);
+    rpc_conn_flush(conn->rpc);
+}
+
+/* ---- dispatch ----------------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    void (*fn)(struct srv_conn *, uint32_t, const msgpack_object *);
+} methods[] = {
+    {"hello", m_hello},
+    {"session.open", m_session_open},
+    {"session.renew", m_session_renew},
+    {"session.close", m_session_close},
+    {"call", m_call},
+    {"cancel", m_cancel},
+    {"stats", m_stats},
+    {"policy.reload", m_policy_reload},
+};
+
+static void on_message(struct rpc_conn *rpc, const msgpack_object *msg)
+{
+    struct srv_conn *conn = rpc->ud;
+    const msgpack_object *a = msg->type == MSGPACK_OBJECT_ARRAY ? msg->via.array.ptr : NULL;
+    uint32_t n = a ? msg->via.array.size : 0;
+    bool has_id = n >= 2 && a[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER && a[1].via.u64 <= UINT32_MAX;
+    uint32_t msgid = has_id ? (uint32_t)a[1].via.u64 : 0;
+    bool is_request = n >= 1 && a[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER && a[0].via.u64 == 0;
+    if (!is_request || n != 4 || !has_id || a[2].type != MSGPACK_OBJECT_STR ||
+        (a[3].type != MSGPACK_OBJECT_MAP && a[3].type != MSGPACK_OBJECT_NIL)) {
+        if (is_request && has_id)
+            bad_request(conn, msgid, "expected [0, msgid, method, params] with params a map");
+        else
+            LOG_W("ignored a message that is not a request");
+        return;
+    }
+    const msgpack_object *method = &a[2];
+    for (size_t i = 0; i < ARRAY_LEN(methods); i++) {
+        size_t len = strlen(methods[i].name);
+        if (method->via.str.size == len && memcmp(method->via.str.ptr, methods[i].name, len) == 0) {
+            methods[i].fn(conn, msgid, &a[3]);
+            return;
+        }
+    }
+    bad_request(conn, msgid, "unknown method '%.*s'",
+                (int)(method->via.str.size > 64 ? 64 : method->via.str.size), method->via.str.ptr);
+}
+
+static void shutdown_begin(struct server *srv, bool hard);
+
+static void on_conn_close(struct rpc_conn *rpc, const char *why)
+{
+    struct srv_conn *conn = rpc->ud;
+    struct server *srv = conn->srv;
+    LOG_I("client disconnected: %s", why);
+    /* Nobody is left to answer: its calls end now; its sessions live on until their
+     * lease lapses (the same uid may reattach), but lose their notification target. */
+    for (struct srv_call *sc = srv->calls; sc; sc = sc->next) {
+        if (sc->conn == conn) {
+            sc->conn = NULL;
+            call_stop(sc->call, CLASS_CANCELLED, NULL, true);
+        }
+    }
+    for (struct srv_session *ss = srv->sessions; ss; ss = ss->next) {
+        if (ss->owner == conn)
+            ss->owner = NULL;
+        for (struct close_waiter *w = ss->waiters; w; w = w->next)
+            if (w->conn == conn)
+                w->conn = NULL;
+    }
+    for (struct srv_conn **pp = &srv->conns; *pp; pp = &(*pp)->next) {
+        if (*pp == conn) {
+            *pp = conn->next;
+            break;
+        }
+    }
+    free(conn);
+    /* On stdio the orchestrator owns the server: when it goes, everything goes. */
+    if (!srv->opts->listen_path)
+        shutdown_begin(srv, true);
+}
+
+static void on_pressure(struct rpc_conn *rpc, bool high)
+{
+    struct srv_conn *conn = rpc->ud;
+    for (struct srv_call *sc = conn->srv->calls; sc; sc = sc->next)
+        if (sc->conn == conn && sc->call->req.stream)
+            call_pause_output(sc->call, high);
+}
+
+static const struct rpc_handlers handlers = {on_message, on_conn_close, on_pressure};
+
+static struct srv_conn *conn_add(struct server *srv, int rfd, int wfd, uid_t uid)
+{
+    struct srv_conn *conn = xcalloc(1, sizeof *conn);
+    conn->srv = srv;
+    conn->uid = uid;
+    conn->rpc = rpc_conn_new(srv->loop, rfd, wfd, srv->opts->max_message, &handlers, conn);
+    conn->rpc->peer_uid = uid;
+    conn->next = srv->conns;
+    srv->conns = conn;
+    return conn;
+}
+
+/* ---- the listening socket ------------------------------------------------------------ */
+
+static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct server *srv = w->data;
+    int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+        if (errno != EAGAIN && errno != EINTR)
+            LOG_W("accept: %s", strerror(errno));
+        return;
+    }
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+        LOG_W("SO_PEERCRED: %s", strerror(errno));
+        close(fd);
+        return;
+    }
+    bool allowed = false;
+    for (size_t i = 0; i < srv->opts->n_allow_uids; i++)
+        allowed |= srv->opts->allow_uids[i] == cred.uid;
+    if (!allowed) {
+        LOG_W("refused a client with uid %u pid %d (not in --allow-uid)", (unsigned)cred.uid,
+              (int)cred.pid);
+        close(fd);
+        return;
+    }
+    conn_add(srv, fd, fd, cred.uid);
+}
+
+static int listen_unix(const char *path)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof addr.sun_path)
+        die("--listen: path too long: %s", path);
+    strcpy(addr.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        die_errno("socket");
+    struct stat st;
+    /* A stale socket from a previous run is replaced; anything else is not ours. */
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode))
+            die("--listen: %s exists and is not a socket", path);
+        unlink(path);
+    }
+    mode_t old = umask(0177);
+    int rc = bind(fd, (struct sockaddr *)&addr, sizeof addr);
+    umask(old);
+    if (rc < 0)
+        die_errno("bind %s", path);
+    if (chmod(path, 0600) < 0 || listen(fd, 64) < 0)
+        die_errno("listen %s", path);
+    return fd;
+}
+
+/* ---- signals, draining, stopping ------------------------------------------------------ */
+
+static void maybe_stop(struct server *srv)
+{
+    if (!srv->draining || srv->calls || srv->stopping)
+        return;
+    srv->stopping = true;
+    ev_timer_stop(srv->loop, &srv->drain_timer);
+    while (srv->sessions) {
+        struct srv_session *ss = srv->sessions;
+        ss->ending = true;
+        ev_timer_stop(srv->loop, &ss->lease);
+        ev_timer_stop(srv->loop, &ss->fuse);
+        session_finish(ss);
+    }
+    while (srv->conns)
+        rpc_conn_close(srv->conns->rpc, "server stopping", 1000);
+    if (srv->listen_fd >= 0) {
+        ev_io_stop(srv->loop, &srv->listen_watcher);
+        close_quietly(&srv->listen_fd);
+        unlink(srv->opts->listen_path);
+    }
+    ev_signal_stop(srv->loop, &srv->sighup);
+    ev_signal_stop(srv->loop, &srv->sigterm);
+    ev_signal_stop(srv->loop, &srv->sigint);
+}
+
+static void on_drain_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct server *srv = w->data;
+    LOG_W("drain: %u calls still running after the drain timeout; killing them", srv->running);
+    for (struct srv_call *sc = srv->calls; sc; sc = sc->next)
+        call_stop(sc->call, CLASS_CANCELLED, NULL, true);
+}
+
+static void shutdown_begin(struct server *srv, bool hard)
+{
+    if (!srv->draining) {
+        srv->draining = true;
+        if (srv->listen_fd >= 0)
+            ev_io_stop(srv->loop, &srv->listen_watcher);
+        ev_timer_set(&srv->drain_timer, hard ? 0 : (double)srv->opts->drain_ms / 1000.0, 0);
+        ev_timer_start(srv->loop, &srv->drain_timer);
+    } else if (hard) {
+        on_drain_timer(srv->loop, &srv->drain_timer, 0);
+    }
+    maybe_stop(srv);
+}
+
+static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct server *srv = w->data;
+    if (w->signum == SIGHUP) {
+        char *err = NULL;
+        if (!reload(srv, srv->policy_path, &err)) {
+            LOG_E("SIGHUP: policy reload refused, the old policy stays: %s", err);
+            free(err);
+        }
+        return;
+    }
+    LOG_I("signal %d: draining", w->signum);
+    shutdown_begin(srv, false);
+}
+
+int server_run(const struct server_opts *opts)
+{
+    struct server srv_storage = {0}, *srv = &srv_storage;
+    srv->opts = opts;
+    srv->listen_fd = -1;
+    char *err = NULL;
+    srv->policy = policy_load(opts->policy_path, &err);
+    if (!srv->policy)
+        die("%s", err);
+    srv->policy_path = xstrdup(opts->policy_path);
+    srv->state_dir = xstrdup(opts->state_dir);
+    if (mkdir(srv->state_dir, 0711) < 0 && errno != EEXIST)
+        die_errno("state dir %s", srv->state_dir);
+
+    srv->loop = ev_loop_new(EVFLAG_AUTO);
+    if (!srv->loop)
+        die("cannot create the event loop");
+    proc_init(srv->loop);
+    ev_signal_init(&srv->sighup, on_signal, SIGHUP);
+    ev_signal_init(&srv->sigterm, on_signal, SIGTERM);
+    ev_signal_init(&srv->sigint, on_signal, SIGINT);
+    srv->sighup.data = srv->sigterm.data = srv->sigint.data = srv;
+    ev_signal_start(srv->loop, &srv->sighup);
+    ev_signal_start(srv->loop, &srv->sigterm);
+    ev_signal_start(srv->loop, &srv->sigint);
+    ev_timer_init(&srv->drain_timer, on_drain_timer, 0, 0);
+    srv->drain_timer.data = srv;
+
+    if (opts->listen_path) {
+        srv->listen_fd = listen_unix(opts->listen_path);
+        ev_io_init(&srv->listen_watcher, on_accept, srv->listen_fd, EV_READ);
+        srv->listen_watcher.data = srv;
+        ev_io_start(srv->loop, &srv->listen_watcher);
+        LOG_I("listening on unix:%s", opts->listen_path);
+    } else {
+        /* stdin/stdout are the protocol: keep them out of every child (CLOEXEC). */
+        fd_set_cloexec(0);
+        fd_set_cloexec(1);
+        conn_add(srv, 0, 1, geteuid());
+    }
+    ev_run(srv->loop, 0);
+
+    while (srv->latencies) {
+        struct tool_latency *t = srv->latencies;
+        srv->latencies = t->next;
+        free(t->tool);
+        free(t);
+    }
+    policy_unref(srv->policy);
+    free(srv->policy_path);
+    free(srv->state_dir);
+    proc_shutdown();
+    ev_loop_destroy(srv->loop);
+    return 0;
+}

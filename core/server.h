@@ -1,0 +1,27 @@
+#ifndef STOCKADE_SERVER_H
+#define STOCKADE_SERVER_H
+/* `stockade serve`: the protocol of PROTOCOL.md over stdio or a Unix socket. Owns the
+ * sessions (with their lease and fuse timers), the connections and the calls in flight;
+ * the call machinery itself is core/call.c, the same one `stockade run` drives. */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "session.h"
+
+struct server_opts {
+    const char *policy_path;
+    const char *state_dir;
+    const char *listen_path;    /* NULL: stdin/stdout */
+    uid_t allow_uids[16];
+    size_t n_allow_uids;
+    size_t max_message;
+    int64_t drain_ms;
+    struct uid_range uids;
+};
+
+/* Runs until stdin closes (stdio) or SIGTERM/SIGINT drains it. Returns the exit status. */
+int server_run(const struct server_opts *opts);
+
+#endif
