@@ -22,7 +22,7 @@ LUA_SRC  := $(wildcard lua/*.lua)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/%)
 
-.PHONY: all deps check check-unit check-lua check-integration demo clean
+.PHONY: all deps check check-unit check-lua check-integration demo fuzz clean
 all: stockade
 
 # ./stockade is a copy of the variant just built, so `make SAN=1 check` tests the sanitized one.
@@ -64,6 +64,30 @@ check-lua:
 
 check-integration: stockade
 	STOCKADE_BIN=$(CURDIR)/stockade $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+
+# libFuzzer over the decoder and dispatcher of `serve`, spawning stubbed.
+FUZZ_SECONDS ?= 60
+FZ       := build/fuzz
+FZ_FLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer -Icore -I$(FZ) \
+            $(shell pkg-config --cflags $(PKGS) 2>/dev/null) \
+            -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
+FZ_OBJ   := $(filter-out $(FZ)/spawn.o,$(CORE_SRC:core/%.c=$(FZ)/%.o)) $(FZ)/lua_embed.o
+$(FZ)/%.o: core/%.c $(wildcard core/*.h) | $(FZ)/.dir
+	clang $(FZ_FLAGS) -c -o $@ $<
+$(FZ)/lua_embed.c: $(LUA_SRC) contrib/embed-lua.sh | $(FZ)/.dir
+	sh contrib/embed-lua.sh $(LUA_SRC) > $@
+$(FZ)/lua_embed.o: $(FZ)/lua_embed.c
+	clang $(FZ_FLAGS) -c -o $@ $<
+$(FZ)/fuzz_rpc: tests/fuzz/fuzz_rpc.c tests/fuzz/spawn_stub.c $(FZ_OBJ)
+	clang $(FZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm
+$(FZ)/.dir:
+	@mkdir -p $(FZ) && touch $@
+fuzz: deps
+	@sh $(DEPS) --with-clang
+	@$(MAKE) --no-print-directory $(FZ)/fuzz_rpc
+	@mkdir -p $(FZ)/corpus && cp -n tests/fuzz/corpus/* $(FZ)/corpus/ 2>/dev/null || true
+	$(FZ)/fuzz_rpc -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 \
+	    -print_final_stats=1 $(FZ)/corpus
 
 demo: deps
 	@$(MAKE) --no-print-directory all

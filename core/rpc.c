@@ -281,6 +281,18 @@ static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
     dispatch(c);
 }
 
+void rpc_conn_feed(struct rpc_conn *c, const void *data, size_t n)
+{
+    const char *p = data;
+    while (n > 0 && !c->closed) {
+        size_t chunk = n < READ_CHUNK ? n : READ_CHUNK;
+        buf_append(&c->in, p, chunk);
+        p += chunk;
+        n -= chunk;
+        dispatch(c);
+    }
+}
+
 static void on_linger(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop, (void)revents;

@@ -68,6 +68,8 @@ struct rpc_conn *rpc_conn_new(struct ev_loop *loop, int rfd, int wfd, size_t max
 /* Stop reading (on_close runs now), write what is queued for at most flush_ms, then
  * close the fds and free: from here on `c` belongs to the loop. */
 void rpc_conn_close(struct rpc_conn *c, const char *why, int flush_ms);
+/* Bytes as if read from the peer (the fuzz harness's door into the decoder). */
+void rpc_conn_feed(struct rpc_conn *c, const void *data, size_t n);
 /* After packing a message into c->pk: start writing it. */
 void rpc_conn_flush(struct rpc_conn *c);
 size_t rpc_conn_queued(const struct rpc_conn *c);

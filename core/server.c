@@ -954,7 +954,8 @@ static void on_drain_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop, (void)revents;
     struct server *srv = w->data;
-    LOG_W("drain: %u calls still running after the drain timeout; killing them", srv->running);
+    if (srv->calls)
+        LOG_W("drain: %u calls still running; killing them", srv->running);
     for (struct srv_call *sc = srv->calls; sc; sc = sc->next)
         call_stop(sc->call, CLASS_CANCELLED, NULL, true);
 }
@@ -989,9 +990,9 @@ static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
     shutdown_begin(srv, false);
 }
 
-int server_run(const struct server_opts *opts)
+struct server *server_new(const struct server_opts *opts)
 {
-    struct server srv_storage = {0}, *srv = &srv_storage;
+    struct server *srv = xcalloc(1, sizeof *srv);
     srv->opts = opts;
     srv->listen_fd = -1;
     char *err = NULL;
@@ -1016,7 +1017,45 @@ int server_run(const struct server_opts *opts)
     ev_signal_start(srv->loop, &srv->sigint);
     ev_timer_init(&srv->drain_timer, on_drain_timer, 0, 0);
     srv->drain_timer.data = srv;
+    return srv;
+}
 
+struct srv_conn *server_attach(struct server *srv, int rfd, int wfd, uid_t uid)
+{
+    return conn_add(srv, rfd, wfd, uid);
+}
+
+void server_feed(struct srv_conn *conn, const void *data, size_t len)
+{
+    rpc_conn_feed(conn->rpc, data, len);
+}
+
+struct ev_loop *server_loop(struct server *srv) { return srv->loop; }
+
+void server_free(struct server *srv)
+{
+    /* Whatever is still running ends now; the loop turns until every tree is reaped. */
+    if (!srv->stopping) {
+        shutdown_begin(srv, true);
+        ev_run(srv->loop, 0);
+    }
+    while (srv->latencies) {
+        struct tool_latency *t = srv->latencies;
+        srv->latencies = t->next;
+        free(t->tool);
+        free(t);
+    }
+    policy_unref(srv->policy);
+    free(srv->policy_path);
+    free(srv->state_dir);
+    proc_shutdown();
+    ev_loop_destroy(srv->loop);
+    free(srv);
+}
+
+int server_run(const struct server_opts *opts)
+{
+    struct server *srv = server_new(opts);
     if (opts->listen_path) {
         srv->listen_fd = listen_unix(opts->listen_path);
         ev_io_init(&srv->listen_watcher, on_accept, srv->listen_fd, EV_READ);
@@ -1030,17 +1069,6 @@ int server_run(const struct server_opts *opts)
         conn_add(srv, 0, 1, geteuid());
     }
     ev_run(srv->loop, 0);
-
-    while (srv->latencies) {
-        struct tool_latency *t = srv->latencies;
-        srv->latencies = t->next;
-        free(t->tool);
-        free(t);
-    }
-    policy_unref(srv->policy);
-    free(srv->policy_path);
-    free(srv->state_dir);
-    proc_shutdown();
-    ev_loop_destroy(srv->loop);
+    server_free(srv);
     return 0;
 }

@@ -24,4 +24,13 @@ struct server_opts {
 /* Runs until stdin closes (stdio) or SIGTERM/SIGINT drains it. Returns the exit status. */
 int server_run(const struct server_opts *opts);
 
+/* The pieces of server_run, for tests and the fuzz harness. */
+struct server;
+struct srv_conn;
+struct server *server_new(const struct server_opts *opts);
+struct srv_conn *server_attach(struct server *srv, int rfd, int wfd, uid_t uid);
+void server_feed(struct srv_conn *conn, const void *data, size_t len);
+struct ev_loop *server_loop(struct server *srv);
+void server_free(struct server *srv);
+
 #endif
