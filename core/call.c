@@ -42,6 +42,9 @@ void call_request_free(struct call_request *r)
         free(r->argv[i]);
     free(r->argv);
     free(r->stdin_data);
+    for (char **e = r->env; e && *e; e++)
+        free(*e);
+    free(r->env);
     memset(r, 0, sizeof *r);
 }
 
@@ -72,10 +75,55 @@ static void stop_io(struct call *c)
     close_quietly(&c->child.status_fd);
 }
 
+static enum call_class class_from_name(const char *name)
+{
+    for (size_t i = 0; i < ARRAY_LEN(class_names); i++)
+        if (strcmp(class_names[i], name) == 0)
+            return (enum call_class)i;
+    return CLASS_INTERNAL;
+}
+
+/* With all output in: the policy's classify hook, then the declared output check. */
+static void finalize(struct call *c)
+{
+    struct call_result *r = &c->result;
+    struct policy_classify_input in = {
+        .has_exit_code = r->has_exit_code, .exit_code = r->exit_code, .signal = r->signal,
+        .layer = r->layer,
+        .stdout_tail = c->out.tail.data ? c->out.tail.data : "", .stdout_tail_len = c->out.tail.len,
+        .stderr_tail = c->err.tail.data ? c->err.tail.data : "", .stderr_tail_len = c->err.tail.len,
+        .duration_ms = now_ms() - c->started_ms,
+    };
+    char *class = NULL, *message = NULL;
+    bool retryable = false;
+    if (policy_classify(c->policy, c->tool, &in, &class, &retryable, &message)) {
+        enum call_class k = class_from_name(class);
+        /* OK only for a tool that exited 0: a hook cannot turn a crash into success */
+        if (k != CLASS_OK || (r->has_exit_code && r->exit_code == 0))
+            set_result(c, k, retryable,
+                       message ? message : xasprintf("classified %s by the policy", class),
+                       r->layer);
+        else
+            free(message);
+        free(class);
+    }
+    if (r->class == CLASS_OK && c->tool->has_output_check) {
+        char *why = NULL;
+        if (r->truncated_out > 0)
+            set_result(c, CLASS_OUTPUT_REJECTED, false,
+                       xstrdup("output was truncated, so it cannot be checked"), NULL);
+        else if (!policy_check_output(c->policy, c->tool, r->out.data ? r->out.data : "",
+                                      r->out.len, &why))
+            set_result(c, CLASS_OUTPUT_REJECTED, false, why, NULL);
+    }
+}
+
 static void answer(struct call *c)
 {
     if (c->state == CALL_ANSWERED)
         return;
+    if (c->ran)
+        finalize(c);
     stop_io(c);
     c->state = CALL_ANSWERED;
     c->result.duration_ms = now_ms() - c->started_ms;
@@ -110,8 +158,14 @@ static void maybe_answer(struct call *c)
 
 /* ---- output ------------------------------------------------------------------------ */
 
-static void capture(struct call *c, enum call_stream s, const char *data, size_t n)
+#define TAIL_MAX 4096              /* what classify hooks see of each stream's end */
+
+/* Redacted bytes reach the result (capped), the tail for classify, and the stream. */
+static void deliver(struct call *c, enum call_stream s, const char *data, size_t n)
 {
+    if (n == 0)
+        return;
+    struct call_stream_state *st = s == CALL_STDOUT ? &c->out : &c->err;
     struct buf *b = s == CALL_STDOUT ? &c->result.out : &c->result.err;
     int64_t *dropped = s == CALL_STDOUT ? &c->result.truncated_out : &c->result.truncated_err;
     size_t cap = (size_t)c->policy->limits.output;
@@ -119,10 +173,75 @@ static void capture(struct call *c, enum call_stream s, const char *data, size_t
     if (keep)
         buf_append(b, data, keep);
     *dropped += (int64_t)(n - keep);
+    if (n >= TAIL_MAX) {
+        st->tail.len = 0;
+        buf_append(&st->tail, data + n - TAIL_MAX, TAIL_MAX);
+    } else {
+        if (st->tail.len + n > TAIL_MAX) {
+            size_t drop = st->tail.len + n - TAIL_MAX;
+            memmove(st->tail.data, st->tail.data + drop, st->tail.len - drop);
+            st->tail.len -= drop;
+        }
+        buf_append(&st->tail, data, n);
+    }
     /* A stream carries everything; only the final result is capped. The client's
      * back-pressure (call_pause_output) keeps this from growing without bound. */
     if (c->req.stream && c->on_output)
         c->on_output(c, s, data, n, c->ud);
+}
+
+static bool has_prefix(const struct tool_def *t, const char *text, size_t len)
+{
+    for (char **p = t->redact_prefixes; p && *p; p++)
+        if (memmem(text, len, *p, strlen(*p)))
+            return true;
+    return false;
+}
+
+/* Streaming redaction: `carry` holds bytes that may still be the start of a secret.
+ * Text in which no redactor's literal prefix occurs skips Lua entirely (all but the
+ * last prefix-1 bytes, which could be a prefix cut in two). */
+static void redact_step(struct call *c, enum call_stream s, bool eof)
+{
+    struct call_stream_state *st = s == CALL_STDOUT ? &c->out : &c->err;
+    struct buf *carry = &st->carry;
+    const struct tool_def *t = c->tool;
+    if (carry->len == 0)
+        return;
+    size_t used;
+    if (!t->redact_lua_always && !has_prefix(t, carry->data, carry->len)) {
+        size_t hold = eof ? 0 : t->redact_max_prefix ? t->redact_max_prefix - 1 : 0;
+        used = carry->len > hold ? carry->len - hold : 0;
+        deliver(c, s, carry->data, used);
+    } else {
+        struct buf out = {0};
+        used = 0;
+        enum policy_rc rc = policy_redact(c->policy, t, s == CALL_STDOUT ? "stdout" : "stderr",
+                                          c->session->id, carry->data, carry->len, eof, &out,
+                                          &used, &c->result.redactions);
+        if (rc != POLICY_OK) {
+            /* fail closed: what could not be checked does not leave */
+            static const char withheld[] = "[stockade: output withheld: redaction failed]\n";
+            deliver(c, s, withheld, sizeof withheld - 1);
+            used = carry->len;
+        } else {
+            deliver(c, s, out.data, out.len);
+        }
+        buf_free(&out);
+    }
+    memmove(carry->data, carry->data + used, carry->len - used);
+    carry->len -= used;
+}
+
+static void capture(struct call *c, enum call_stream s, const char *data, size_t n)
+{
+    if (!c->tool->redact_active) {
+        deliver(c, s, data, n);
+        return;
+    }
+    struct call_stream_state *st = s == CALL_STDOUT ? &c->out : &c->err;
+    buf_append(&st->carry, data, n);
+    redact_step(c, s, false);
 }
 
 static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
@@ -140,7 +259,8 @@ static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
         }
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
             return;
-        /* EOF (or a broken pipe, which is the same to us) */
+        /* EOF (or a broken pipe, which is the same to us): what was held goes now */
+        redact_step(c, is_out ? CALL_STDOUT : CALL_STDERR, true);
         ev_io_stop(c->loop, w);
         close_quietly(&st->fd);
         st->eof = true;
@@ -319,6 +439,7 @@ static void on_shim_exit(struct proc *p, int wstatus, void *ud)
                              "processes killed", (unsigned)wstatus, swept), NULL);
     } else {
         classify(c, &rep);
+        c->ran = rep.outcome == SHIM_EXITED && c->kill_class == CLASS_OK;
         if (rep.swept > 0)
             LOG_D("call %s: %d background processes outlived the tool and were killed",
                   c->req.tool, rep.swept);
@@ -339,8 +460,14 @@ static void on_shim_exit(struct proc *p, int wstatus, void *ud)
 static char **build_env(const struct call *c, int64_t depth)
 {
     const struct session *s = c->session;
-    char **env = xcalloc(9, sizeof *env);
+    size_t extra = 0;
+    for (char **e = c->req.env; e && *e; e++)
+        extra++;
+    char **env = xcalloc(9 + extra, sizeof *env);
     size_t n = 0;
+    /* first: getenv() takes the first of two, so an allowed LANG overrides ours below */
+    for (char **e = c->req.env; e && *e; e++)       /* checked by policy_env_check */
+        env[n++] = xstrdup(*e);
     env[n++] = xasprintf("SESSION_ID=%s", s->id);
     env[n++] = xasprintf("AGENT_ROOT=%s", s->root);
     env[n++] = xasprintf("HOME=%s/home", s->root);
@@ -392,14 +519,6 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
         return refuse(c, CLASS_POLICY_VIOLATION,
                       xasprintf("unknown tool '%.64s': not in the policy's registry",
                                 c->req.tool), NULL);
-    size_t argv_bytes = 0;
-    for (size_t i = 0; i < c->req.argc; i++)
-        argv_bytes += strlen(c->req.argv[i]) + 1;
-    if ((int64_t)c->req.argc > lim->argv || (int64_t)argv_bytes > lim->argv_bytes)
-        return refuse(c, CLASS_POLICY_VIOLATION,
-                      xasprintf("argv too large (%zu arguments, %zu bytes; the policy allows "
-                                "%lld and %lld)", c->req.argc, argv_bytes,
-                                (long long)lim->argv, (long long)lim->argv_bytes), NULL);
     if ((int64_t)c->req.stdin_len > lim->stdin_bytes)
         return refuse(c, CLASS_POLICY_VIOLATION,
                       xasprintf("stdin of %zu bytes is above the policy's limit of %lld",
@@ -417,6 +536,33 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
 
     struct policy_call_view view = {c->req.tool, c->req.argv, c->req.argc, session->id,
                                     session->root, depth};
+    if (c->req.args) {
+        char **argv = NULL, *why = NULL;
+        size_t argc = 0;
+        if (!policy_argv(policy, c->tool, c->req.args, &view, &argv, &argc, &why))
+            return refuse(c, CLASS_POLICY_VIOLATION, why, NULL);
+        for (size_t i = 0; i < c->req.argc; i++)
+            free(c->req.argv[i]);
+        free(c->req.argv);
+        c->req.argv = argv;
+        c->req.argc = argc;
+        c->req.args = NULL;
+        view.argv = argv;
+        view.argc = argc;
+    }
+    size_t argv_bytes = 0;
+    for (size_t i = 0; i < c->req.argc; i++)
+        argv_bytes += strlen(c->req.argv[i]) + 1;
+    if ((int64_t)c->req.argc > lim->argv || (int64_t)argv_bytes > lim->argv_bytes)
+        return refuse(c, CLASS_POLICY_VIOLATION,
+                      xasprintf("argv too large (%zu arguments, %zu bytes; the policy allows "
+                                "%lld and %lld)", c->req.argc, argv_bytes,
+                                (long long)lim->argv, (long long)lim->argv_bytes), NULL);
+    for (char **e = c->req.env; e && *e; e++) {
+        char *why = policy_env_check(policy, c->tool, *e);
+        if (why)
+            return refuse(c, CLASS_POLICY_VIOLATION, why, NULL);
+    }
     char *reason = NULL;
     if (!policy_accept(policy, c->tool, &view, &reason))
         return refuse(c, CLASS_POLICY_VIOLATION, reason, NULL);
@@ -522,6 +668,10 @@ void call_free(struct call *c)
     free(c->result.message);
     buf_free(&c->result.out);
     buf_free(&c->result.err);
+    buf_free(&c->out.carry);
+    buf_free(&c->err.carry);
+    buf_free(&c->out.tail);
+    buf_free(&c->err.tail);
     policy_unref(c->policy);
     free(c);
 }

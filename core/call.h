@@ -46,6 +46,8 @@ struct call_request {
     int64_t depth;              /* -1: the policy's default */
     bool idempotent_hint;
     bool stream;
+    const struct msgpack_object *args;  /* structured args; borrowed, read in call_start */
+    char **env;                 /* "NAME=value" the caller asks for; NULL-terminated */
 };
 void call_request_free(struct call_request *r);
 
@@ -75,6 +77,8 @@ struct call_stream_state {
     int fd;
     ev_io watcher;
     bool eof;
+    struct buf carry;           /* read, not yet past redaction */
+    struct buf tail;            /* the last bytes delivered, for classify */
 };
 
 struct call {
@@ -90,6 +94,7 @@ struct call {
     struct spawn_child child;
     struct proc proc;
     bool shim_reaped;
+    bool ran;                           /* the tool ran and ended on its own */
     struct call_stream_state out, err;
     bool paused;                        /* output not read: the client is behind */
     ev_io stdin_watcher;

@@ -6,8 +6,14 @@
 #include <fcntl.h>
 #include <lauxlib.h>
 #include <lua.h>
+#include <lua-cjson.h>
 #include <lualib.h>
+#include <msgpack.h>
 #include <nettle/sha2.h>
+#include <fnmatch.h>
+#include <libgen.h>
+#include <linux/openat2.h>
+#include <sys/syscall.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -20,8 +26,11 @@
 static unsigned next_generation = 1;
 
 /* Registry keys are addresses of statics. */
-static char key_stockade_module;
+static char key_loaded;         /* module name -> value, for require */
 static char key_policy_env_base;
+static char key_engine;         /* lua/engine.lua */
+static char key_policy_table;   /* the normalized table stockade.policy{} returned */
+static char key_json;           /* lua-cjson */
 
 static struct policy *policy_of(lua_State *L)
 {
@@ -192,14 +201,60 @@ static int l_policy_print(lua_State *L)
     return 0;
 }
 
+static char *slurp(const char *path, size_t max, size_t *len, char **err);
+static void push_env(lua_State *L, bool strict);
+
+/* require: the stockade modules, and plugins from the plugin directories ("plugins.X"
+ * is X.lua there). Nothing else: no C modules, no paths outside those directories. */
 static int l_policy_require(lua_State *L)
 {
     const char *name = luaL_checkstring(L, 1);
-    if (strcmp(name, "stockade") == 0) {
-        lua_rawgetp(L, LUA_REGISTRYINDEX, &key_stockade_module);
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_loaded);
+    if (lua_getfield(L, -1, name) != LUA_TNIL)
+        return 1;
+    lua_pop(L, 1);
+    struct policy *p = policy_of(L);
+    const char *rel = strncmp(name, "plugins.", 8) == 0 ? name + 8 : NULL;
+    bool ok = rel && *rel;
+    for (const char *c = rel; ok && *c; c++)
+        ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+             *c == '_' || (*c == '.' && c[1] && c[1] != '.' && c != rel);
+    if (!ok)
+        return luaL_error(L, "module '%s' not found (a policy may require \"stockade\", "
+                             "\"stockade.schema\" and \"plugins.NAME\")", name);
+    char relpath[256];
+    snprintf(relpath, sizeof relpath, "%s.lua", rel);
+    for (char *c = relpath; *c && strcmp(c, ".lua"); c++)
+        if (*c == '.')
+            *c = '/';
+    for (size_t i = 0; i < p->nplugin_dirs; i++) {
+        char *path = xasprintf("%s/%s", p->plugin_dirs[i], relpath);
+        size_t len;
+        char *err = NULL;
+        char *text = slurp(path, 1 << 20, &len, &err);
+        if (!text) {
+            free(err);
+            free(path);
+            continue;
+        }
+        lua_pushfstring(L, "@%s", path);
+        free(path);
+        int rc = luaL_loadbufferx(L, text, len, lua_tostring(L, -1), "t");
+        free(text);
+        if (rc != LUA_OK)
+            return lua_error(L);
+        push_env(L, true);
+        lua_setupvalue(L, -2, 1);
+        lua_call(L, 0, 1);
+        if (lua_isnil(L, -1)) {
+            lua_pop(L, 1);
+            lua_pushboolean(L, 1);
+        }
+        lua_pushvalue(L, -1);
+        lua_setfield(L, -5, name);      /* loaded[name] */
         return 1;
     }
-    return luaL_error(L, "module '%s' not found (policies may require only \"stockade\")", name);
+    return luaL_error(L, "module '%s' not found in the plugin directories", name);
 }
 
 static int l_strict_index(lua_State *L)
@@ -273,6 +328,37 @@ static void push_env(lua_State *L, bool strict)
     }
 }
 
+/* Load a module of lua/ (compiled in) with `nargs` arguments below it on the stack;
+ * leaves its value. */
+static void load_embedded(lua_State *L, const char *name, int nargs)
+{
+    const struct lua_embedded *m = NULL;
+    for (const struct lua_embedded *e = lua_embedded; e->name; e++)
+        if (strcmp(e->name, name) == 0)
+            m = e;
+    if (!m)
+        luaL_error(L, "the %s module is not built in", name);
+    char chunkname[128];
+    snprintf(chunkname, sizeof chunkname, "=%s", m->file);
+    if (luaL_loadbufferx(L, m->src, m->len, chunkname, "t") != LUA_OK)
+        lua_error(L);
+    push_env(L, false);
+    lua_setupvalue(L, -2, 1);
+    lua_insert(L, -1 - nargs);
+    lua_call(L, nargs, 1);
+}
+
+static int l_schema_unavailable(lua_State *L)
+{
+    lua_pushboolean(L, 0);
+    lua_pushstring(L, "JSON Schema validation is not built in");
+    return 2;
+}
+
+static int l_core_log(lua_State *L);
+static int l_core_path_resolve(lua_State *L);
+static int l_core_paths_beneath(lua_State *L);
+
 static int open_state(lua_State *L)
 {
     static const luaL_Reg libs[] = {
@@ -290,26 +376,64 @@ static int open_state(lua_State *L)
     lua_setfield(L, -2, "dump");
     lua_pop(L, 1);
     build_env_base(L);
+    lua_newtable(L);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_loaded);
 
-    const struct lua_embedded *m = NULL;
+    /* lua-cjson, for the engine; policies get encode/decode/null only. */
+    luaL_requiref(L, "cjson", luaopen_cjson, 0);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_json);
+    int cjson = lua_gettop(L);
+    lua_createtable(L, 0, 3);
+    int json = lua_gettop(L);
+    lua_getfield(L, cjson, "encode");
+    lua_setfield(L, json, "encode");
+    lua_getfield(L, cjson, "decode");
+    lua_setfield(L, json, "decode");
+    lua_getfield(L, cjson, "null");
+    lua_setfield(L, json, "null");
+
+    bool have_schema = false;
     for (const struct lua_embedded *e = lua_embedded; e->name; e++)
-        if (strcmp(e->name, "stockade") == 0)
-            m = e;
-    if (!m)
-        return luaL_error(L, "the stockade module is not built in");
-    char chunkname[128];
-    snprintf(chunkname, sizeof chunkname, "=%s", m->file);
-    if (luaL_loadbufferx(L, m->src, m->len, chunkname, "t") != LUA_OK)
-        return lua_error(L);
-    push_env(L, false);
-    lua_setupvalue(L, -2, 1);
+        have_schema |= strcmp(e->name, "schema") == 0;
+    if (have_schema) {
+        load_embedded(L, "schema", 0);
+    } else {
+        /* built without lua/schema.lua: validation fails closed */
+        lua_newtable(L);
+        lua_pushcfunction(L, l_schema_unavailable);
+        lua_setfield(L, -2, "validate");
+        lua_pushcfunction(L, l_schema_unavailable);
+        lua_setfield(L, -2, "check_schema");
+    }
+    int schema = lua_gettop(L);
+    lua_getfield(L, cjson, "null");
+    lua_setfield(L, schema, "null");
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_loaded);
+    lua_pushvalue(L, schema);
+    lua_setfield(L, -2, "stockade.schema");
+    lua_pop(L, 1);
+
     static const luaL_Reg core_fns[] = {
         {"duration", l_core_duration}, {"size", l_core_size}, {"where", l_core_where},
-        {NULL, NULL},
+        {"log", l_core_log}, {"path_resolve", l_core_path_resolve},
+        {"paths_beneath", l_core_paths_beneath}, {NULL, NULL},
     };
     luaL_newlib(L, core_fns);
-    lua_call(L, 1, 1);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_stockade_module);
+    lua_pushvalue(L, json);
+    lua_setfield(L, -2, "json");
+    lua_pushvalue(L, schema);
+    lua_setfield(L, -2, "schema");
+    load_embedded(L, "stockade", 1);
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_loaded);
+    lua_pushvalue(L, -2);
+    lua_setfield(L, -2, "stockade");
+    lua_pop(L, 2);
+
+    lua_pushvalue(L, schema);
+    load_embedded(L, "engine", 1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_engine);
+    lua_settop(L, 0);
     return 0;
 }
 
@@ -331,6 +455,27 @@ static char *get_str(lua_State *L, int t, const char *key, const char *dflt)
     char *out = s ? xstrdup(s) : NULL;
     lua_pop(L, 1);
     return out;
+}
+
+/* A Lua list of strings (or nil) as a NULL-terminated C array. */
+static char **read_strv(lua_State *L, int idx)
+{
+    size_t n = lua_istable(L, idx) ? lua_rawlen(L, idx) : 0;
+    char **v = xcalloc(n + 1, sizeof *v);
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, idx, (lua_Integer)i + 1);
+        const char *s = lua_tostring(L, -1);
+        v[i] = xstrdup(s ? s : "");
+        lua_pop(L, 1);
+    }
+    return v;
+}
+
+static void free_strv(char **v)
+{
+    for (char **p = v; p && *p; p++)
+        free(*p);
+    free(v);
 }
 
 static void read_settings(struct policy *p, int t)
@@ -363,7 +508,11 @@ static void read_settings(struct policy *p, int t)
     p->isolation = get_str(L, t, "isolation", "process");
     lua_getfield(L, t, "env");
     p->env_path = get_str(L, lua_gettop(L), "path", "/usr/bin:/bin");
-    lua_pop(L, 1);
+    lua_getfield(L, -1, "allow");
+    p->env_allow = read_strv(L, -1);
+    lua_getfield(L, -2, "deny");
+    p->env_deny = read_strv(L, -1);
+    lua_pop(L, 3);
 }
 
 static int tool_cmp(const void *a, const void *b)
@@ -392,6 +541,18 @@ static void read_tools(struct policy *p, int t)
         d->where = get_str(L, tt, "at", "?");
         lua_getfield(L, tt, "timeout");
         d->timeout_ms = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : 0;
+        lua_getfield(L, tt, "argv");
+        d->has_argv = lua_isfunction(L, -1);
+        lua_getfield(L, tt, "output");
+        if (lua_istable(L, -1)) {
+            lua_getfield(L, -1, "format");
+            d->has_output_check = lua_isstring(L, -1) && strcmp(lua_tostring(L, -1), "json") == 0;
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 2);
+        lua_getfield(L, tt, "env");
+        d->env_allow = read_strv(L, -1);
+        lua_pop(L, 1);
         lua_getfield(L, tt, "accept");
         d->has_accept = lua_isfunction(L, -1);
         lua_getfield(L, tt, "idempotent");
@@ -405,17 +566,16 @@ static void read_tools(struct policy *p, int t)
     qsort(p->tools, p->ntools, sizeof *p->tools, tool_cmp);
 }
 
-static char *read_file(const char *path, size_t *len, char **err)
+static char *slurp(const char *path, size_t max, size_t *len, char **err)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        *err = xasprintf("policy %s: %s", path, strerror(errno));
+        *err = xasprintf("%s: %s", path, strerror(errno));
         return NULL;
     }
     struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > POLICY_FILE_MAX) {
-        *err = xasprintf("policy %s: not a regular file of at most %d bytes", path,
-                         POLICY_FILE_MAX);
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
+        *err = xasprintf("%s: not a regular file of at most %zu bytes", path, max);
         close(fd);
         return NULL;
     }
@@ -433,17 +593,90 @@ static char *read_file(const char *path, size_t *len, char **err)
     return buf;
 }
 
+/* Where `require "plugins.X"` looks: $STOCKADE_PLUGIN_PATH (colon-separated), else the
+ * plugins/ directory beside the policy's directory, then the installed set. */
+static void set_plugin_dirs(struct policy *p)
+{
+    const char *env = getenv("STOCKADE_PLUGIN_PATH");
+    char *copy = xstrdup(p->path);
+    char *dir = dirname(copy);
+    char *list = env && *env ? xstrdup(env)
+                             : xasprintf("%s/../plugins:%s/plugins:/usr/share/stockade/plugins",
+                                         dir, dir);
+    free(copy);
+    for (char *save = NULL, *tok = strtok_r(list, ":", &save); tok && p->nplugin_dirs < 8;
+         tok = strtok_r(NULL, ":", &save))
+        p->plugin_dirs[p->nplugin_dirs++] = xstrdup(tok);
+    free(list);
+}
+
+extern char **environ;
+
+/* engine.init(P, env): each tool's redaction chain; read back what the C fast path
+ * needs. The environment is given to the engine only (for the values of denied names),
+ * never to the policy. */
+static enum policy_rc init_engine(struct policy *p, char **err)
+{
+    lua_State *L = p->L;
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_engine);
+    lua_getfield(L, -1, "init");
+    lua_remove(L, -2);
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_policy_table);
+    lua_newtable(L);
+    for (char **e = environ; e && *e; e++) {
+        const char *eq = strchr(*e, '=');
+        if (!eq)
+            continue;
+        lua_pushlstring(L, *e, (size_t)(eq - *e));
+        lua_pushstring(L, eq + 1);
+        lua_settable(L, -3);
+    }
+    enum policy_rc rc = policy_pcall(p, 2, 1, "init", err);
+    if (rc != POLICY_OK)
+        return rc;
+    for (size_t i = 0; i < p->ntools; i++) {
+        struct tool_def *d = &p->tools[i];
+        lua_getfield(L, -1, d->name);
+        lua_getfield(L, -1, "window");
+        d->redact_window = (size_t)lua_tointeger(L, -1);
+        lua_getfield(L, -2, "active");
+        d->redact_active = lua_toboolean(L, -1);
+        lua_getfield(L, -3, "lua_always");
+        d->redact_lua_always = lua_toboolean(L, -1);
+        lua_getfield(L, -4, "prefixes");
+        size_t n = lua_rawlen(L, -1);
+        d->redact_prefixes = xcalloc(n + 1, sizeof *d->redact_prefixes);
+        for (size_t j = 0; j < n; j++) {
+            lua_rawgeti(L, -1, (lua_Integer)j + 1);
+            size_t plen;
+            const char *s = lua_tolstring(L, -1, &plen);
+            d->redact_prefixes[j] = xstrdup(s ? s : "");
+            if (plen > d->redact_max_prefix)
+                d->redact_max_prefix = plen;
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 5);
+    }
+    lua_pop(L, 1);
+    return POLICY_OK;
+}
+
 struct policy *policy_load(const char *path, char **err)
 {
     size_t len;
-    char *text = read_file(path, &len, err);
-    if (!text)
+    char *text = slurp(path, POLICY_FILE_MAX, &len, err);
+    if (!text) {
+        char *m = *err;
+        *err = xasprintf("policy %s", m);
+        free(m);
         return NULL;
+    }
     struct policy *p = xcalloc(1, sizeof *p);
     p->path = xstrdup(path);
     p->refcount = 1;
     p->mem_limit = 256u << 20;          /* until the policy says otherwise */
     p->instr_limit = 100000000;
+    set_plugin_dirs(p);
     p->L = lua_newstate(policy_alloc, p);
     if (!p->L) {
         *err = xasprintf("policy %s: cannot create a Lua state", path);
@@ -486,7 +719,9 @@ struct policy *policy_load(const char *path, char **err)
     int t = lua_gettop(L);
     read_settings(p, t);
     read_tools(p, t);
-    lua_pop(L, 1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_policy_table);
+    if (init_engine(p, err) != POLICY_OK)
+        goto fail_msg;
     p->mem_limit = p->limits.lua_memory > 0 ? (size_t)p->limits.lua_memory : p->mem_limit;
     if (p->mem_limit < p->mem_used + (1u << 20))
         p->mem_limit = p->mem_used + (1u << 20);
@@ -534,12 +769,18 @@ void policy_unref(struct policy *p)
         free(p->tools[i].path);
         free(p->tools[i].owner);
         free(p->tools[i].where);
+        free_strv(p->tools[i].redact_prefixes);
+        free_strv(p->tools[i].env_allow);
     }
     free(p->tools);
+    for (size_t i = 0; i < p->nplugin_dirs; i++)
+        free(p->plugin_dirs[i]);
     free(p->path);
     free(p->name);
     free(p->isolation);
     free(p->env_path);
+    free_strv(p->env_allow);
+    free_strv(p->env_deny);
     free(p);
 }
 
@@ -645,4 +886,367 @@ bool policy_idempotent(struct policy *p, const struct tool_def *t,
     }
     lua_settop(L, top);
     return out;
+}
+
+/* ---- helpers a policy calls ------------------------------------------------------- */
+
+static int l_core_log(lua_State *L)
+{
+    static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
+    int level = luaL_checkoption(L, 1, "info", levels);
+    const char *msg = luaL_checkstring(L, 2);
+    struct policy *p = policy_of(L);
+    /* fields are not logged raw: they may carry argv values */
+    log_msg((enum log_level)level, "policy %s: %.300s", p->path, msg);
+    return 0;
+}
+
+/* The session root a helper was given: call.session, a session table, or a string. */
+static const char *session_root_arg(lua_State *L, int idx)
+{
+    if (lua_type(L, idx) == LUA_TSTRING)
+        return lua_tostring(L, idx);
+    luaL_checktype(L, idx, LUA_TTABLE);
+    if (lua_getfield(L, idx, "session") == LUA_TTABLE) {
+        lua_getfield(L, -1, "root");
+        lua_replace(L, -2);
+    } else {
+        lua_pop(L, 1);
+        lua_getfield(L, idx, "root");
+    }
+    const char *root = lua_tostring(L, -1);
+    lua_pop(L, 1);          /* the string stays alive in the table */
+    if (!root || root[0] != '/')
+        luaL_argerror(L, idx, "expected a session (with an absolute root)");
+    return root;
+}
+
+/* Canonical path of `p` (relative to the workspace) if it stays beneath `root`,
+ * symlinks resolved inside the root; NULL and a reason otherwise. The kernel does the
+ * walk (openat2 RESOLVE_BENEATH), so there is no check-then-use race in the parsing. */
+static char *resolve_beneath(const char *root, const char *p, const char **why)
+{
+    int rootfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (rootfd < 0) {
+        *why = "the session root is not there";
+        return NULL;
+    }
+    size_t rlen = strlen(root);
+    char *rel;
+    if (p[0] == '/') {
+        if (strncmp(p, root, rlen) != 0 || (p[rlen] != '/' && p[rlen] != 0)) {
+            close(rootfd);
+            *why = "absolute path outside the session root";
+            return NULL;
+        }
+        rel = xstrdup(p[rlen] ? p + rlen + 1 : ".");
+    } else {
+        rel = xasprintf("workspace/%s", p);
+    }
+    struct open_how how = {.flags = O_PATH | O_CLOEXEC,
+                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS};
+    char *out = NULL;
+    int fd = (int)syscall(SYS_openat2, rootfd, rel, &how, sizeof how);
+    char *leaf = NULL;
+    if (fd < 0 && errno == ENOENT) {
+        /* not there yet (an output file): its parent must be beneath */
+        char *slash = strrchr(rel, '/');
+        if (slash && slash[1] && strcmp(slash + 1, "..") && strcmp(slash + 1, ".")) {
+            leaf = xstrdup(slash + 1);
+            *slash = 0;
+            fd = (int)syscall(SYS_openat2, rootfd, rel, &how, sizeof how);
+        }
+    }
+    if (fd < 0) {
+        *why = errno == EXDEV ? "path leaves the session root"
+               : errno == ELOOP ? "path goes through a magic link"
+               : errno == ENOENT ? "no such file or directory"
+                                 : "path cannot be resolved";
+    } else {
+        char link[64], buf[4096];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(link, buf, sizeof buf - 1);
+        if (n > 0) {
+            buf[n] = 0;
+            out = leaf ? xasprintf("%s/%s", buf, leaf) : xstrdup(buf);
+        } else {
+            *why = "path cannot be resolved";
+        }
+        close(fd);
+    }
+    free(leaf);
+    free(rel);
+    close(rootfd);
+    return out;
+}
+
+static int l_core_path_resolve(lua_State *L)
+{
+    const char *root = session_root_arg(L, 1);
+    const char *path = luaL_checkstring(L, 2);
+    const char *why = NULL;
+    char *out = resolve_beneath(root, path, &why);
+    if (!out) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: %s", path, why);
+        return 2;
+    }
+    lua_pushstring(L, out);
+    free(out);
+    return 1;
+}
+
+/* true, or false and the first path of the list that leaves the session root. */
+static int l_core_paths_beneath(lua_State *L)
+{
+    const char *root = session_root_arg(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_Integer n = (lua_Integer)lua_rawlen(L, 2);
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_rawgeti(L, 2, i);
+        const char *path = lua_tostring(L, -1);
+        if (!path)
+            return luaL_error(L, "paths_beneath: element %d is not a string", (int)i);
+        const char *why = NULL;
+        char *out = resolve_beneath(root, path, &why);
+        /* a path that does not exist at all cannot be read outside either */
+        if (!out && strcmp(why, "no such file or directory") != 0) {
+            lua_pushboolean(L, 0);
+            lua_pushfstring(L, "%s: %s", path, why);
+            return 2;
+        }
+        free(out);
+        lua_pop(L, 1);
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* ---- the engine's hooks ----------------------------------------------------------- */
+
+/* Push engine[fn], P and the tool's name. */
+static void push_engine_call(lua_State *L, const char *fn, const struct tool_def *t)
+{
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_engine);
+    lua_getfield(L, -1, fn);
+    lua_remove(L, -2);
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_policy_table);
+    lua_pushstring(L, t->name);
+}
+
+enum policy_rc policy_redact(struct policy *p, const struct tool_def *t, const char *stream,
+                             const char *session_id, const char *text, size_t len, bool eof,
+                             struct buf *out, size_t *consumed, int64_t *count)
+{
+    lua_State *L = p->L;
+    int top = lua_gettop(L);
+    push_engine_call(L, "redact", t);
+    lua_pushstring(L, stream);
+    lua_pushstring(L, session_id ? session_id : "");
+    lua_pushlstring(L, text, len);
+    lua_pushboolean(L, eof);
+    enum policy_rc rc = policy_pcall(p, 6, 3, "redact", NULL);
+    if (rc == POLICY_OK) {
+        size_t olen;
+        const char *o = lua_tolstring(L, -3, &olen);
+        lua_Integer used = lua_tointeger(L, -2);
+        if (!o || used < 0 || (size_t)used > len) {
+            rc = POLICY_ERR;
+        } else {
+            buf_append(out, o, olen);
+            *consumed = (size_t)used;
+            *count += lua_tointeger(L, -1);
+        }
+    }
+    lua_settop(L, top);
+    return rc;
+}
+
+bool policy_classify(struct policy *p, const struct tool_def *t,
+                     const struct policy_classify_input *in, char **class, bool *retryable,
+                     char **message)
+{
+    lua_State *L = p->L;
+    int top = lua_gettop(L);
+    push_engine_call(L, "classify", t);
+    lua_createtable(L, 0, 6);
+    if (in->has_exit_code) {
+        lua_pushinteger(L, in->exit_code);
+        lua_setfield(L, -2, "exit_code");
+    }
+    if (in->signal) {
+        lua_pushinteger(L, in->signal);
+        lua_setfield(L, -2, "signal");
+    }
+    if (in->layer) {
+        lua_pushstring(L, in->layer);
+        lua_setfield(L, -2, "layer");
+    }
+    lua_pushlstring(L, in->stdout_tail, in->stdout_tail_len);
+    lua_setfield(L, -2, "stdout_tail");
+    lua_pushlstring(L, in->stderr_tail, in->stderr_tail_len);
+    lua_setfield(L, -2, "stderr_tail");
+    lua_pushinteger(L, in->duration_ms);
+    lua_setfield(L, -2, "duration_ms");
+    bool changed = false;
+    if (policy_pcall(p, 3, 3, "classify", NULL) == POLICY_OK && lua_isstring(L, -3)) {
+        *class = xstrdup(lua_tostring(L, -3));
+        *retryable = lua_toboolean(L, -2);
+        *message = lua_isstring(L, -1) ? xstrdup(lua_tostring(L, -1)) : NULL;
+        changed = true;
+    }
+    lua_settop(L, top);
+    return changed;
+}
+
+/* msgpack -> Lua, for structured args: bounded depth, string keys only. */
+static bool push_msgpack(lua_State *L, const msgpack_object *o, int depth)
+{
+    if (depth > 32 || !lua_checkstack(L, 4))
+        return false;
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL:
+        lua_rawgetp(L, LUA_REGISTRYINDEX, &key_json);
+        lua_getfield(L, -1, "null");
+        lua_remove(L, -2);
+        return true;
+    case MSGPACK_OBJECT_BOOLEAN: lua_pushboolean(L, o->via.boolean); return true;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        if (o->via.u64 > INT64_MAX)
+            lua_pushnumber(L, (lua_Number)o->via.u64);
+        else
+            lua_pushinteger(L, (lua_Integer)o->via.u64);
+        return true;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: lua_pushinteger(L, o->via.i64); return true;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64: lua_pushnumber(L, o->via.f64); return true;
+    case MSGPACK_OBJECT_STR: lua_pushlstring(L, o->via.str.ptr, o->via.str.size); return true;
+    case MSGPACK_OBJECT_BIN: lua_pushlstring(L, o->via.bin.ptr, o->via.bin.size); return true;
+    case MSGPACK_OBJECT_ARRAY:
+        lua_createtable(L, (int)o->via.array.size, 0);
+        for (uint32_t i = 0; i < o->via.array.size; i++) {
+            if (!push_msgpack(L, &o->via.array.ptr[i], depth + 1))
+                return false;
+            lua_rawseti(L, -2, (lua_Integer)i + 1);
+        }
+        return true;
+    case MSGPACK_OBJECT_MAP:
+        lua_createtable(L, 0, (int)o->via.map.size);
+        for (uint32_t i = 0; i < o->via.map.size; i++) {
+            const msgpack_object_kv *kv = &o->via.map.ptr[i];
+            if (kv->key.type != MSGPACK_OBJECT_STR)
+                return false;
+            lua_pushlstring(L, kv->key.via.str.ptr, kv->key.via.str.size);
+            if (!push_msgpack(L, &kv->val, depth + 1))
+                return false;
+            lua_rawset(L, -3);
+        }
+        return true;
+    default:
+        return false;
+    }
+}
+
+bool policy_argv(struct policy *p, const struct tool_def *t, const msgpack_object *args,
+                 const struct policy_call_view *v, char ***argv, size_t *argc, char **reason)
+{
+    lua_State *L = p->L;
+    int top = lua_gettop(L);
+    *reason = NULL;
+    push_engine_call(L, "argv", t);
+    if (!push_msgpack(L, args, 0)) {
+        lua_settop(L, top);
+        *reason = xstrdup("args: nested too deep or not JSON-like (string keys only)");
+        return false;
+    }
+    push_call_view(L, v);
+    char *err = NULL;
+    enum policy_rc rc = policy_pcall(p, 4, 2, "argv", &err);
+    bool ok = false;
+    if (rc != POLICY_OK) {
+        *reason = xasprintf("refused: the argv hook for %s failed", t->name);
+        free(err);
+    } else if (!lua_istable(L, -2)) {
+        const char *why = lua_tostring(L, -1);
+        *reason = xasprintf("refused: %.300s", why ? why : "args rejected");
+        (*reason)[strcspn(*reason, "\r\n")] = 0;
+    } else {
+        size_t n = lua_rawlen(L, -2);
+        *argv = xcalloc(n + 1, sizeof **argv);
+        *argc = n;
+        for (size_t i = 0; i < n; i++) {
+            lua_rawgeti(L, -2, (lua_Integer)i + 1);
+            size_t len;
+            const char *s = lua_tolstring(L, -1, &len);
+            (*argv)[i] = s && strlen(s) == len ? xstrdup(s) : xstrdup("");
+            lua_pop(L, 1);
+        }
+        ok = true;
+    }
+    lua_settop(L, top);
+    return ok;
+}
+
+bool policy_check_output(struct policy *p, const struct tool_def *t, const char *text,
+                         size_t len, char **reason)
+{
+    if (!t->has_output_check)
+        return true;
+    lua_State *L = p->L;
+    int top = lua_gettop(L);
+    push_engine_call(L, "check_output", t);
+    lua_pushlstring(L, text, len);
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_json);
+    bool ok = false;
+    char *err = NULL;
+    if (policy_pcall(p, 4, 2, "output", &err) != POLICY_OK) {
+        *reason = xasprintf("output check failed: %s", err ? err : "error");
+    } else if (lua_toboolean(L, -2)) {
+        ok = true;
+    } else {
+        const char *why = lua_tostring(L, -1);
+        *reason = xasprintf("%.300s", why ? why : "output rejected");
+    }
+    free(err);
+    lua_settop(L, top);
+    return ok;
+}
+
+/* Names the core sets itself, and the loader's: never from a request. */
+static const char *const env_reserved[] = {
+    "SESSION_ID", "AGENT_ROOT", "HOME", "TMPDIR", "XDG_CACHE_HOME", "PATH", "STOCKADE_DEPTH",
+    NULL,
+};
+
+static bool in_strv(char *const *v, const char *name)
+{
+    for (; v && *v; v++)
+        if (strcmp(*v, name) == 0)
+            return true;
+    return false;
+}
+
+char *policy_env_check(const struct policy *p, const struct tool_def *t, const char *entry)
+{
+    size_t n = strcspn(entry, "=");
+    char name[256];
+    if (n == 0 || n >= sizeof name || entry[n] != '=')
+        return xstrdup("env: malformed entry");
+    memcpy(name, entry, n);
+    name[n] = 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = name[i];
+        if (!((ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || ch == '_' ||
+              (i > 0 && ch >= '0' && ch <= '9')))
+            return xasprintf("env key forbidden: '%.64s' is not a variable name", name);
+    }
+    if (in_strv((char *const *)env_reserved, name) || strncmp(name, "LD_", 3) == 0)
+        return xasprintf("env key forbidden: %s is set by stockade only", name);
+    /* deny wins over allow, whoever allows */
+    for (char **g = p->env_deny; g && *g; g++)
+        if (fnmatch(*g, name, 0) == 0)
+            return xasprintf("env key forbidden: %s matches the policy's deny list (%s)", name, *g);
+    if (!in_strv(p->env_allow, name) && !in_strv(t->env_allow, name))
+        return xasprintf("env key forbidden: %s is not allowed for %s", name, t->name);
+    return NULL;
 }

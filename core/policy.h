@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util.h"
+
 struct policy_timeouts {
     int64_t call_ms, call_max_ms, grace_ms, cpu_ms, fuse_ms, lease_ms, idle_shutdown_ms,
         deadline_min_ms;
@@ -30,6 +32,16 @@ struct tool_def {
     bool idempotent_declared;   /* the policy decides, not the request's hint */
     bool idempotent;            /* when declared as a boolean */
     bool idempotent_fn;
+    bool has_argv;
+    bool has_output_check;      /* output = { format = "json", ... } */
+    /* redaction, from engine.init: the chain's widest window, and the literal prefixes
+     * that let the core skip Lua for text that cannot contain a match */
+    bool redact_active;
+    bool redact_lua_always;     /* a redactor without prefix, or a function */
+    char **redact_prefixes;     /* NULL-terminated */
+    char **env_allow;           /* names this tool may receive, besides the policy's */
+    size_t redact_max_prefix;
+    size_t redact_window;
 };
 
 struct policy {
@@ -41,10 +53,13 @@ struct policy {
     char *name;
     char *isolation;
     char *env_path;
+    char **env_allow, **env_deny;   /* names; deny entries are globs */
     struct policy_timeouts timeouts;
     struct policy_limits limits;
     struct tool_def *tools;
     size_t ntools;
+    char *plugin_dirs[8];
+    size_t nplugin_dirs;
     /* budget accounting for the Lua state */
     size_t mem_used, mem_limit;
     int64_t instr_used, instr_limit;
@@ -79,6 +94,39 @@ bool policy_accept(struct policy *p, const struct tool_def *t,
 /* The tool's idempotent rule (bool or function), else the request's hint. */
 bool policy_idempotent(struct policy *p, const struct tool_def *t,
                        const struct policy_call_view *v, bool hint);
+
+struct policy_classify_input {
+    bool has_exit_code;
+    int exit_code, signal;
+    const char *layer;
+    const char *stdout_tail, *stderr_tail;
+    size_t stdout_tail_len, stderr_tail_len;
+    int64_t duration_ms;
+};
+/* The tool's classify hook: true with class/retryable/message (malloc'd) when it decided;
+ * false keeps the default (also when it failed). */
+bool policy_classify(struct policy *p, const struct tool_def *t,
+                     const struct policy_classify_input *in, char **class, bool *retryable,
+                     char **message);
+
+/* One step of streaming redaction (see lua/engine.lua E.redact): appends the redacted
+ * text to out, says how many input bytes it covers. Not OK: withhold the chunk. */
+enum policy_rc policy_redact(struct policy *p, const struct tool_def *t, const char *stream,
+                             const char *session_id, const char *text, size_t len, bool eof,
+                             struct buf *out, size_t *consumed, int64_t *count);
+
+/* Structured args -> argv: schema-validated, then the tool's argv hook. */
+struct msgpack_object;
+bool policy_argv(struct policy *p, const struct tool_def *t, const struct msgpack_object *args,
+                 const struct policy_call_view *v, char ***argv, size_t *argc, char **reason);
+
+/* output = { format = "json", schema, max_depth }: true when the output passes. */
+bool policy_check_output(struct policy *p, const struct tool_def *t, const char *text,
+                         size_t len, char **reason);
+
+/* A "NAME=value" a request asks to pass: NULL when allowed, else the refusal (malloc'd).
+ * Denied globs win over any allow; the core's own names are never accepted. */
+char *policy_env_check(const struct policy *p, const struct tool_def *t, const char *entry);
 
 /* The budgeted entry into Lua, exposed for tests: the function and its nargs arguments
  * are on the stack; leaves nres results on OK, nothing otherwise. */

@@ -528,10 +528,28 @@ static bool parse_call(struct srv_conn *conn, uint32_t msgid, const msgpack_obje
     }
     const msgpack_object *argv = rpc_map_get(params, "argv");
     const msgpack_object *args = rpc_map_get(params, "args");
-    if (args && args->type != MSGPACK_OBJECT_NIL) {
-        bad_request(conn, msgid, "args: structured arguments are not supported by this "
-                                 "server yet; send argv");
+    bool has_args = args && args->type != MSGPACK_OBJECT_NIL;
+    if (has_args && args->type != MSGPACK_OBJECT_MAP) {
+        bad_request(conn, msgid, "args: expected a map");
         return false;
+    }
+    if (has_args && argv && argv->type != MSGPACK_OBJECT_NIL) {
+        bad_request(conn, msgid, "argv and args: send one or the other");
+        return false;
+    }
+    const msgpack_object *env = rpc_map_get(params, "env");
+    if (env && env->type != MSGPACK_OBJECT_NIL) {
+        bool ok = env->type == MSGPACK_OBJECT_MAP;
+        for (uint32_t i = 0; ok && i < env->via.map.size; i++) {
+            const msgpack_object_kv *kv = &env->via.map.ptr[i];
+            ok = rpc_obj_is_str(&kv->key) && rpc_obj_is_str(&kv->val) &&
+                 !memchr(kv->key.via.str.ptr, 0, kv->key.via.str.size) &&
+                 !memchr(kv->val.via.str.ptr, 0, kv->val.via.str.size);
+        }
+        if (!ok) {
+            bad_request(conn, msgid, "env: expected a map of strings to strings");
+            return false;
+        }
     }
     if (argv && argv->type != MSGPACK_OBJECT_NIL) {
         if (argv->type != MSGPACK_OBJECT_ARRAY) {
@@ -594,6 +612,16 @@ static bool parse_call(struct srv_conn *conn, uint32_t msgid, const msgpack_obje
     req->depth = has_depth ? (depth > 0 ? depth : 0) : -1;
     req->idempotent_hint = vals[0];
     req->stream = vals[1];
+    req->args = has_args ? args : NULL;     /* read during call_start only */
+    if (env && env->type == MSGPACK_OBJECT_MAP) {
+        req->env = xcalloc(env->via.map.size + 1, sizeof *req->env);
+        for (uint32_t i = 0; i < env->via.map.size; i++) {
+            const msgpack_object_kv *kv = &env->via.map.ptr[i];
+            req->env[i] = xasprintf("%.*s=%.*s", (int)kv->key.via.str.size,
+                                    kv->key.via.str.ptr, (int)kv->val.via.str.size,
+                                    kv->val.via.str.ptr);
+        }
+    }
     return true;
 }
 
@@ -657,8 +685,12 @@ static const char *const process_layers[] = {"rlimits", "no_new_privs", "subreap
 
 static void m_hello(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
-    (void)params;
     struct server *srv = conn->srv;
+    const msgpack_object *client = rpc_map_get(params, "client");
+    if (client && client->type != MSGPACK_OBJECT_NIL && !rpc_obj_is_str(client)) {
+        bad_request(conn, msgid, "client: expected a string");
+        return;
+    }
     msgpack_packer *pk = result_begin(conn, msgid, 5);
     rpc_pack_kv_int(pk, "protocol", 1);
     rpc_pack_kv_str(pk, "version", STOCKADE_VERSION);

@@ -14,6 +14,12 @@ local function fail(at, fmt, ...)
   error(at .. ": " .. string.format(fmt, ...), 0)
 end
 
+M.json = core.json              -- encode / decode / null (lua-cjson)
+M.schema = core.schema          -- validate(schema, value), check_schema(schema)
+M.path = { resolve = core.path_resolve }
+M.paths_beneath = core.paths_beneath
+M.log = core.log
+
 function M.duration(s)
   local ms, err = core.duration(s)
   if not ms then error(err, 2) end
@@ -145,7 +151,9 @@ local TOOL = {
     end
     return v
   end,
-  classify = is_function, output = is_table, probe = is_table,
+  classify = is_function, output = { format = one_of("text", "json"), schema = is_table,
+                                     max_depth = is_count },
+  probe = is_table,
   env = list_of_strings, limits = LIMITS,
 }
 

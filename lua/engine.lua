@@ -1,0 +1,254 @@
+-- The policy engine's Lua half: what the C core asks of a loaded policy at its fixed
+-- points — argv from structured args, streaming redaction, classification, output
+-- checks. The core calls these through its one budgeted entry (core/policy.c) with
+-- copies of data; everything returned is checked again in C.
+local schema = ...        -- the stockade.schema module, handed over by the loader
+
+local E = {}
+
+local DEFAULT_FN_WINDOW = 256      -- what a redact *function* is assumed to need
+local MAX_CARRY = 64 * 1024        -- held bytes are emitted past this, whatever matches
+local WITHHELD = "[stockade: output withheld: redaction failed]"
+
+-- ---- redactors -------------------------------------------------------------------
+
+-- Flatten the policy's `redact` lists (plugins export lists of redactors) into one list
+-- of normalized redactors: {kind="pattern"|"literal"|"function", ...}.
+local function add_redactors(out, r, where)
+  if type(r) == "function" then
+    out[#out + 1] = { kind = "function", fn = r, window = DEFAULT_FN_WINDOW, name = where }
+  elseif type(r) == "table" and (r.pattern or r.literal) then
+    if r.literal then
+      if type(r.literal) ~= "string" or #r.literal == 0 then
+        error(where .. ": literal redactor needs a non-empty string", 0)
+      end
+      out[#out + 1] = { kind = "literal", literal = r.literal, prefix = r.literal,
+                        replace = r.replace or "[REDACTED]", window = #r.literal,
+                        name = r.name or where }
+    else
+      if type(r.pattern) ~= "string" then error(where .. ": pattern must be a string", 0) end
+      local ok, err = pcall(string.find, "", r.pattern)
+      if not ok then error(where .. ": bad pattern: " .. tostring(err), 0) end
+      local window = r.window
+      if math.type(window) ~= "integer" or window < 1 or window > MAX_CARRY then
+        error(where .. ": window must be an integer from 1 to " .. MAX_CARRY, 0)
+      end
+      if r.prefix ~= nil and (type(r.prefix) ~= "string" or #r.prefix == 0) then
+        error(where .. ": prefix must be a non-empty string", 0)
+      end
+      out[#out + 1] = { kind = "pattern", pattern = r.pattern, prefix = r.prefix,
+                        replace = r.replace or "[REDACTED]", window = window,
+                        name = r.name or where }
+    end
+  elseif type(r) == "table" then
+    for i, sub in ipairs(r) do add_redactors(out, sub, where .. "[" .. i .. "]") end
+  else
+    error(where .. ": a redactor is a function, a {pattern=...} table or a list of them", 0)
+  end
+end
+
+local function glob_to_pattern(g)
+  return "^" .. g:gsub("[%^%$%(%)%%%.%[%]%+%-%?]", "%%%0"):gsub("%*", ".*") .. "$"
+end
+
+-- Literal redactors for the values of environment variables the policy denies: a
+-- secret that reaches a tool by another route is still caught on the way out.
+local function env_redactors(deny, env)
+  local out = {}
+  local names = {}
+  for name in pairs(env) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    for _, g in ipairs(deny) do
+      local value = env[name]
+      if name:match(glob_to_pattern(g)) and #value >= 8 then
+        out[#out + 1] = { literal = value, name = "env:" .. name,
+                          replace = "[REDACTED:" .. name .. "]" }
+        break
+      end
+    end
+  end
+  return out
+end
+
+-- Prepare each tool's redactor chain once per policy load. Returns, per tool, what the
+-- C fast path needs: the literal prefixes (when every redactor has one) and the window.
+function E.init(P, env)
+  local global = {}
+  add_redactors(global, P.redact or {}, "redact")
+  add_redactors(global, env_redactors(P.env.deny or {}, env or {}), "env")
+  local info = {}
+  for name, tool in pairs(P.tools) do
+    local chain = {}
+    for _, r in ipairs(global) do chain[#chain + 1] = r end
+    if tool.redact then add_redactors(chain, tool.redact, "tools." .. name .. ".redact") end
+    local window, prefixes, lua_always = 1, {}, false
+    for _, r in ipairs(chain) do
+      if r.window > window then window = r.window end
+      if r.prefix then prefixes[#prefixes + 1] = r.prefix else lua_always = true end
+    end
+    tool._chain = chain
+    info[name] = { window = window, prefixes = prefixes, lua_always = lua_always,
+                   active = #chain > 0 }
+  end
+  return info
+end
+
+-- Apply a chain to a complete piece of text.
+local function apply(chain, text, ctx)
+  local total = 0
+  for _, r in ipairs(chain) do
+    local n = 0
+    if r.kind == "pattern" then
+      if not r.prefix or text:find(r.prefix, 1, true) then
+        text, n = text:gsub(r.pattern, (r.replace:gsub("%%", "%%%%")))
+      end
+    elseif r.kind == "literal" then
+      local parts, init = {}, 1
+      while true do
+        local a, b = text:find(r.literal, init, true)
+        if not a then break end
+        parts[#parts + 1] = text:sub(init, a - 1)
+        parts[#parts + 1] = r.replace
+        init = b + 1
+        n = n + 1
+      end
+      if n > 0 then
+        parts[#parts + 1] = text:sub(init)
+        text = table.concat(parts)
+      end
+    else
+      local out, count = r.fn(text, ctx)
+      if type(out) ~= "string" then
+        error(r.name .. ": a redact function must return a string", 0)
+      end
+      if count ~= nil and math.type(count) ~= "integer" then
+        error(r.name .. ": the count must be an integer", 0)
+      end
+      text, n = out, count or 0
+    end
+    total = total + n
+  end
+  return text, total
+end
+
+-- Where a match of r in text starts before `cut` but ends after it (or at the very end
+-- of the text, where more bytes could still extend it): the cut must move.
+local function adjust_cut(r, text, cut)
+  if r.kind == "function" then return cut end
+  local init = 1
+  local pat, plain = r.pattern, false
+  if r.kind == "literal" then pat, plain = r.literal, true end
+  while true do
+    local a, b = text:find(pat, init, plain)
+    if not a or a > cut then return cut end
+    if b >= #text then return a - 1 end       -- may still grow: hold it back whole
+    if b > cut then cut = b end               -- straddles: emit it whole, redacted
+    init = (b >= a) and (b + 1) or (a + 1)
+  end
+end
+
+-- One step of streaming redaction: `text` is what the core held back plus the new
+-- chunk. Returns the redacted text to emit, how many input bytes it covers (the rest
+-- is held for the next call) and the number of redactions.
+function E.redact(P, toolname, stream, session, text, eof)
+  local tool = P.tools[toolname]
+  local chain = tool._chain
+  local ctx = { stream = stream, tool = toolname, session = session }
+  if eof or #chain == 0 then
+    local out, n = apply(chain, text, ctx)
+    return out, #text, n
+  end
+  local window = 1
+  for _, r in ipairs(chain) do if r.window > window then window = r.window end end
+  local cut = #text - (window - 1)
+  if cut <= 0 and #text < MAX_CARRY then return "", 0, 0 end
+  if cut < 1 then cut = #text end
+  -- prefer a line boundary for redact functions, which see text in pieces
+  local nl = text:sub(1, cut):match(".*()\n")
+  if nl and nl > cut - window then cut = nl end
+  for _ = 1, 4 do                               -- until no match straddles the cut
+    local before = cut
+    for _, r in ipairs(chain) do cut = adjust_cut(r, text, cut) end
+    if cut == before then break end
+  end
+  if cut <= 0 then
+    if #text < MAX_CARRY then return "", 0, 0 end
+    cut = #text                                 -- bounded memory beats a perfect cut
+  end
+  local out, n = apply(chain, text:sub(1, cut), ctx)
+  return out, cut, n
+end
+
+E.WITHHELD = WITHHELD
+
+-- ---- classification ------------------------------------------------------------------
+
+local CLASSES = {
+  OK = true, TOOL_ERROR = true, TOOL_TIMEOUT = true, RESOURCE_LIMIT = true,
+  OUTPUT_REJECTED = true, POLICY_VIOLATION = true,
+}
+
+function E.classify(P, toolname, r)
+  local tool = P.tools[toolname]
+  if not tool.classify then return nil end
+  local class, retryable, message = tool.classify(r)
+  if class == nil then return nil end
+  if not CLASSES[class] then
+    error("classify returned an unknown class " .. tostring(class), 0)
+  end
+  if retryable ~= nil and type(retryable) ~= "boolean" then
+    error("classify: retryable must be a boolean", 0)
+  end
+  if message ~= nil and type(message) ~= "string" then
+    error("classify: message must be a string", 0)
+  end
+  if message then
+    message = apply(tool._chain, message:match("^[^\r\n]*"):sub(1, 200), {})
+  end
+  return class, retryable == true, message
+end
+
+-- ---- structured args and outputs ---------------------------------------------------
+
+function E.argv(P, toolname, args, call)
+  local tool = P.tools[toolname]
+  if not tool.argv then
+    return nil, "tool " .. toolname .. " takes no structured args (it has no argv hook)"
+  end
+  if tool.schema then
+    local ok, err = schema.validate(tool.schema, args)
+    if not ok then return nil, "args: " .. err end
+  end
+  local argv = tool.argv(args, call)
+  if type(argv) ~= "table" then return nil, "the argv hook did not return a list" end
+  local out = {}
+  for i = 1, #argv do
+    if type(argv[i]) ~= "string" then
+      return nil, "the argv hook returned a non-string at " .. i
+    end
+    out[i] = argv[i]
+  end
+  for k in pairs(argv) do
+    if math.type(k) ~= "integer" or k < 1 or k > #argv then
+      return nil, "the argv hook returned a table that is not a list"
+    end
+  end
+  return out
+end
+
+function E.check_output(P, toolname, text, json)
+  local spec = P.tools[toolname].output
+  if not spec or spec.format ~= "json" then return true end
+  local depth = spec.max_depth or 32
+  json.decode_max_depth(depth)
+  local ok, value = pcall(json.decode, text)
+  if not ok then return false, "output is not JSON within depth " .. depth end
+  if spec.schema then
+    local valid, err = schema.validate(spec.schema, value)
+    if not valid then return false, "output: " .. err end
+  end
+  return true
+end
+
+return E
