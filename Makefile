@@ -27,7 +27,7 @@ all: stockade
 
 # ./stockade is a copy of the variant just built, so `make SAN=1 check` tests the sanitized one.
 stockade: $(B)/stockade FORCE
-	@cmp -s $< $@ || cp $< $@
+	@cmp -s $< $@ || { cp $< $@.tmp && mv -f $@.tmp $@; }
 FORCE:
 
 $(B)/stockade: $(B)/main.o $(CORE_OBJ)
@@ -59,8 +59,10 @@ check: deps
 check-unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
-check-lua:
-	@set -e; for t in $(wildcard tests/lua/test_*.lua); do echo "== $$t"; ./stockade test $$t; done
+# LuaUnit suites: the bundled modules, every plugin, every shipped policy.
+LUA_TESTS := $(wildcard tests/lua/test_*.lua plugins/tests/test_*.lua policies/tests/test_*.lua)
+check-lua: stockade
+	@set -e; for t in $(LUA_TESTS); do echo "== $$t"; ./stockade test $$t; done
 
 check-integration: stockade
 	STOCKADE_BIN=$(CURDIR)/stockade $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration

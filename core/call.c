@@ -190,47 +190,25 @@ static void deliver(struct call *c, enum call_stream s, const char *data, size_t
         c->on_output(c, s, data, n, c->ud);
 }
 
-static bool has_prefix(const struct tool_def *t, const char *text, size_t len)
+struct deliver_target {
+    struct call *call;
+    enum call_stream stream;
+};
+
+static void deliver_sink(void *ud, const char *data, size_t n)
 {
-    for (char **p = t->redact_prefixes; p && *p; p++)
-        if (memmem(text, len, *p, strlen(*p)))
-            return true;
-    return false;
+    struct deliver_target *t = ud;
+    deliver(t->call, t->stream, data, n);
 }
 
-/* Streaming redaction: `carry` holds bytes that may still be the start of a secret.
- * Text in which no redactor's literal prefix occurs skips Lua entirely (all but the
- * last prefix-1 bytes, which could be a prefix cut in two). */
-static void redact_step(struct call *c, enum call_stream s, bool eof)
+/* Bytes (or the end) of one stream through the tool's redaction chain, then onwards. */
+static void redact_feed(struct call *c, enum call_stream s, const char *data, size_t n, bool eof)
 {
     struct call_stream_state *st = s == CALL_STDOUT ? &c->out : &c->err;
-    struct buf *carry = &st->carry;
-    const struct tool_def *t = c->tool;
-    if (carry->len == 0)
-        return;
-    size_t used;
-    if (!t->redact_lua_always && !has_prefix(t, carry->data, carry->len)) {
-        size_t hold = eof ? 0 : t->redact_max_prefix ? t->redact_max_prefix - 1 : 0;
-        used = carry->len > hold ? carry->len - hold : 0;
-        deliver(c, s, carry->data, used);
-    } else {
-        struct buf out = {0};
-        used = 0;
-        enum policy_rc rc = policy_redact(c->policy, t, s == CALL_STDOUT ? "stdout" : "stderr",
-                                          c->session->id, carry->data, carry->len, eof, &out,
-                                          &used, &c->result.redactions);
-        if (rc != POLICY_OK) {
-            /* fail closed: what could not be checked does not leave */
-            static const char withheld[] = "[stockade: output withheld: redaction failed]\n";
-            deliver(c, s, withheld, sizeof withheld - 1);
-            used = carry->len;
-        } else {
-            deliver(c, s, out.data, out.len);
-        }
-        buf_free(&out);
-    }
-    memmove(carry->data, carry->data + used, carry->len - used);
-    carry->len -= used;
+    struct deliver_target target = {c, s};
+    policy_redact_feed(c->policy, c->tool, s == CALL_STDOUT ? "stdout" : "stderr",
+                       c->session->id, &st->carry, data, n, eof, &c->result.redactions,
+                       deliver_sink, &target);
 }
 
 static void capture(struct call *c, enum call_stream s, const char *data, size_t n)
@@ -239,9 +217,7 @@ static void capture(struct call *c, enum call_stream s, const char *data, size_t
         deliver(c, s, data, n);
         return;
     }
-    struct call_stream_state *st = s == CALL_STDOUT ? &c->out : &c->err;
-    buf_append(&st->carry, data, n);
-    redact_step(c, s, false);
+    redact_feed(c, s, data, n, false);
 }
 
 static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
@@ -260,7 +236,8 @@ static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
             return;
         /* EOF (or a broken pipe, which is the same to us): what was held goes now */
-        redact_step(c, is_out ? CALL_STDOUT : CALL_STDERR, true);
+        if (c->tool->redact_active)
+            redact_feed(c, is_out ? CALL_STDOUT : CALL_STDERR, NULL, 0, true);
         ev_io_stop(c->loop, w);
         close_quietly(&st->fd);
         st->eof = true;
@@ -489,6 +466,82 @@ static void free_strv(char **v)
     free(v);
 }
 
+bool call_decide(struct policy *policy, const char *session_id, const char *session_root,
+                 struct call_request *req, struct call_decision *d)
+{
+    memset(d, 0, sizeof *d);
+    d->class = CLASS_POLICY_VIOLATION;
+    const struct policy_limits *lim = &policy->limits;
+    const struct tool_def *tool = policy_tool(policy, req->tool);
+    if (!tool) {
+        d->message = xasprintf("unknown tool '%.64s': not in the policy's registry", req->tool);
+        return false;
+    }
+    d->tool = tool;
+    if ((int64_t)req->stdin_len > lim->stdin_bytes) {
+        d->message = xasprintf("stdin of %zu bytes is above the policy's limit of %lld",
+                               req->stdin_len, (long long)lim->stdin_bytes);
+        return false;
+    }
+    int64_t depth = req->depth < 0 ? lim->depth : req->depth;
+    if (depth <= 0) {
+        d->message = xstrdup("tool-call depth exhausted: nested calls are not allowed here");
+        return false;
+    }
+    d->depth = depth;
+    if (req->deadline_ms > 0 && req->deadline_ms < policy->timeouts.deadline_min_ms) {
+        d->class = CLASS_DEADLINE_EXCEEDED;
+        d->layer = "deadline";
+        d->message = xasprintf("deadline of %lld ms is below the policy's minimum of %lld ms",
+                               (long long)req->deadline_ms,
+                               (long long)policy->timeouts.deadline_min_ms);
+        return false;
+    }
+    struct policy_call_view view = {req->tool, req->argv, req->argc, session_id, session_root,
+                                    depth};
+    if (req->args) {
+        char **argv = NULL, *why = NULL;
+        size_t argc = 0;
+        bool ok = policy_argv(policy, tool, req->args, &view, &argv, &argc, &why);
+        req->args = NULL;               /* borrowed: not valid past this call */
+        if (!ok) {
+            d->message = why;
+            return false;
+        }
+        for (size_t i = 0; i < req->argc; i++)
+            free(req->argv[i]);
+        free(req->argv);
+        req->argv = argv;
+        req->argc = argc;
+        view.argv = argv;
+        view.argc = argc;
+    }
+    size_t argv_bytes = 0;
+    for (size_t i = 0; i < req->argc; i++)
+        argv_bytes += strlen(req->argv[i]) + 1;
+    if ((int64_t)req->argc > lim->argv || (int64_t)argv_bytes > lim->argv_bytes) {
+        d->message = xasprintf("argv too large (%zu arguments, %zu bytes; the policy allows "
+                               "%lld and %lld)", req->argc, argv_bytes, (long long)lim->argv,
+                               (long long)lim->argv_bytes);
+        return false;
+    }
+    for (char **e = req->env; e && *e; e++) {
+        char *why = policy_env_check(policy, tool, *e);
+        if (why) {
+            d->message = why;
+            return false;
+        }
+    }
+    char *reason = NULL;
+    if (!policy_accept(policy, tool, &view, &reason)) {
+        d->message = reason;
+        return false;
+    }
+    d->idempotent = policy_idempotent(policy, tool, &view, req->idempotent_hint);
+    d->class = CLASS_OK;
+    return true;
+}
+
 struct call *call_start(struct ev_loop *loop, struct policy *policy, struct session *session,
                         struct call_request *req, call_done_fn on_done,
                         call_output_fn on_output, void *ud)
@@ -513,60 +566,13 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
     c->answer_timer.data = c->timeout_timer.data = c->deadline_timer.data = c;
     c->grace_timer.data = c;
 
+    struct call_decision d;
+    if (!call_decide(policy, session->id, session->root, &c->req, &d))
+        return refuse(c, d.class, d.message, d.layer);
+    c->tool = d.tool;
+    c->idempotent = d.idempotent;
+    int64_t depth = d.depth;
     const struct policy_limits *lim = &policy->limits;
-    c->tool = policy_tool(policy, c->req.tool);
-    if (!c->tool)
-        return refuse(c, CLASS_POLICY_VIOLATION,
-                      xasprintf("unknown tool '%.64s': not in the policy's registry",
-                                c->req.tool), NULL);
-    if ((int64_t)c->req.stdin_len > lim->stdin_bytes)
-        return refuse(c, CLASS_POLICY_VIOLATION,
-                      xasprintf("stdin of %zu bytes is above the policy's limit of %lld",
-                                c->req.stdin_len, (long long)lim->stdin_bytes), NULL);
-    int64_t depth = c->req.depth < 0 ? lim->depth : c->req.depth;
-    if (depth <= 0)
-        return refuse(c, CLASS_POLICY_VIOLATION,
-                      xstrdup("tool-call depth exhausted: nested calls are not allowed here"),
-                      NULL);
-    if (c->req.deadline_ms > 0 && c->req.deadline_ms < policy->timeouts.deadline_min_ms)
-        return refuse(c, CLASS_DEADLINE_EXCEEDED,
-                      xasprintf("deadline of %lld ms is below the policy's minimum of %lld ms",
-                                (long long)c->req.deadline_ms,
-                                (long long)policy->timeouts.deadline_min_ms), "deadline");
-
-    struct policy_call_view view = {c->req.tool, c->req.argv, c->req.argc, session->id,
-                                    session->root, depth};
-    if (c->req.args) {
-        char **argv = NULL, *why = NULL;
-        size_t argc = 0;
-        if (!policy_argv(policy, c->tool, c->req.args, &view, &argv, &argc, &why))
-            return refuse(c, CLASS_POLICY_VIOLATION, why, NULL);
-        for (size_t i = 0; i < c->req.argc; i++)
-            free(c->req.argv[i]);
-        free(c->req.argv);
-        c->req.argv = argv;
-        c->req.argc = argc;
-        c->req.args = NULL;
-        view.argv = argv;
-        view.argc = argc;
-    }
-    size_t argv_bytes = 0;
-    for (size_t i = 0; i < c->req.argc; i++)
-        argv_bytes += strlen(c->req.argv[i]) + 1;
-    if ((int64_t)c->req.argc > lim->argv || (int64_t)argv_bytes > lim->argv_bytes)
-        return refuse(c, CLASS_POLICY_VIOLATION,
-                      xasprintf("argv too large (%zu arguments, %zu bytes; the policy allows "
-                                "%lld and %lld)", c->req.argc, argv_bytes,
-                                (long long)lim->argv, (long long)lim->argv_bytes), NULL);
-    for (char **e = c->req.env; e && *e; e++) {
-        char *why = policy_env_check(policy, c->tool, *e);
-        if (why)
-            return refuse(c, CLASS_POLICY_VIOLATION, why, NULL);
-    }
-    char *reason = NULL;
-    if (!policy_accept(policy, c->tool, &view, &reason))
-        return refuse(c, CLASS_POLICY_VIOLATION, reason, NULL);
-    c->idempotent = policy_idempotent(policy, c->tool, &view, c->req.idempotent_hint);
 
     int64_t timeout = c->tool->timeout_ms > 0 ? c->tool->timeout_ms : policy->timeouts.call_ms;
     if (c->req.timeout_ms > 0 && c->req.timeout_ms < timeout)

@@ -110,6 +110,20 @@ struct call {
     void *ud;
 };
 
+/* Everything decided before a process starts: the tool, structured args turned into argv
+ * (req is updated), sizes, depth, the deadline's minimum, env, the accept hook. False:
+ * refused, with class, message (malloc'd) and layer set. */
+struct call_decision {
+    enum call_class class;
+    char *message;
+    const char *layer;
+    const struct tool_def *tool;
+    int64_t depth;
+    bool idempotent;
+};
+bool call_decide(struct policy *policy, const char *session_id, const char *session_root,
+                 struct call_request *req, struct call_decision *d);
+
 /* Start a call; ownership of *req moves into the call. The result is always delivered
  * through on_done from the loop (never from inside call_start), refusals included. */
 struct call *call_start(struct ev_loop *loop, struct policy *policy, struct session *session,

@@ -3,5 +3,6 @@
 /* The subcommands; each returns the process exit status. */
 int cli_run(int argc, char **argv);
 int cli_serve(int argc, char **argv);
+int cli_test(int argc, char **argv);
 
 #endif

@@ -14,6 +14,7 @@ static const char usage[] =
     "usage: stockade COMMAND [ARGS]\n"
     "  run [options] -- TOOL [ARG...]   run one tool call in a fresh session\n"
     "  serve [options]                  the MessagePack-RPC server (stdin/stdout or a socket)\n"
+    "  test FILE...                     run LuaUnit policy tests (stockade.testing)\n"
     "  version                          print the version\n"
     "See README.md and the design documents for the protocol and the policy API.\n";
 
@@ -35,6 +36,8 @@ int main(int argc, char **argv)
         return cli_run(argc - 1, argv + 1);
     if (strcmp(cmd, "serve") == 0)
         return cli_serve(argc - 1, argv + 1);
+    if (strcmp(cmd, "test") == 0)
+        return cli_test(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         puts("stockade " STOCKADE_VERSION);
         return 0;

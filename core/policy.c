@@ -209,7 +209,8 @@ static void push_env(lua_State *L, bool strict);
 static int l_policy_require(lua_State *L)
 {
     const char *name = luaL_checkstring(L, 1);
-    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_loaded);
+    lua_settop(L, 1);
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_loaded);   /* at 2 */
     if (lua_getfield(L, -1, name) != LUA_TNIL)
         return 1;
     lua_pop(L, 1);
@@ -251,7 +252,7 @@ static int l_policy_require(lua_State *L)
             lua_pushboolean(L, 1);
         }
         lua_pushvalue(L, -1);
-        lua_setfield(L, -5, name);      /* loaded[name] */
+        lua_setfield(L, 2, name);       /* loaded[name] */
         return 1;
     }
     return luaL_error(L, "module '%s' not found in the plugin directories", name);
@@ -1249,4 +1250,46 @@ char *policy_env_check(const struct policy *p, const struct tool_def *t, const c
     if (!in_strv(p->env_allow, name) && !in_strv(t->env_allow, name))
         return xasprintf("env key forbidden: %s is not allowed for %s", name, t->name);
     return NULL;
+}
+
+static bool has_prefix(const struct tool_def *t, const char *text, size_t len)
+{
+    for (char **p = t->redact_prefixes; p && *p; p++)
+        if (memmem(text, len, *p, strlen(*p)))
+            return true;
+    return false;
+}
+
+void policy_redact_feed(struct policy *p, const struct tool_def *t, const char *stream,
+                        const char *session_id, struct buf *carry, const char *data, size_t n,
+                        bool eof, int64_t *count, redact_sink sink, void *ud)
+{
+    if (n)
+        buf_append(carry, data, n);
+    if (carry->len == 0)
+        return;
+    size_t used;
+    if (!t->redact_lua_always && !has_prefix(t, carry->data, carry->len)) {
+        /* no literal prefix of any redactor: nothing to find, except a prefix that the
+         * next read completes, so the last prefix-1 bytes wait */
+        size_t hold = eof ? 0 : t->redact_max_prefix ? t->redact_max_prefix - 1 : 0;
+        used = carry->len > hold ? carry->len - hold : 0;
+        sink(ud, carry->data, used);
+    } else {
+        struct buf out = {0};
+        used = 0;
+        enum policy_rc rc = policy_redact(p, t, stream, session_id, carry->data, carry->len,
+                                          eof, &out, &used, count);
+        if (rc != POLICY_OK) {
+            /* fail closed: what could not be checked does not leave */
+            static const char withheld[] = "[stockade: output withheld: redaction failed]\n";
+            sink(ud, withheld, sizeof withheld - 1);
+            used = carry->len;
+        } else if (out.len) {
+            sink(ud, out.data, out.len);
+        }
+        buf_free(&out);
+    }
+    memmove(carry->data, carry->data + used, carry->len - used);
+    carry->len -= used;
 }

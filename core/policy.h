@@ -115,6 +115,14 @@ enum policy_rc policy_redact(struct policy *p, const struct tool_def *t, const c
                              const char *session_id, const char *text, size_t len, bool eof,
                              struct buf *out, size_t *consumed, int64_t *count);
 
+/* Streaming redaction for one stream: data (or, with eof, the end) goes in; redacted
+ * text comes out through sink, in order. `carry` holds what may still be the start of a
+ * secret between calls. Text in which no redactor's literal prefix occurs skips Lua. */
+typedef void (*redact_sink)(void *ud, const char *data, size_t n);
+void policy_redact_feed(struct policy *p, const struct tool_def *t, const char *stream,
+                        const char *session_id, struct buf *carry, const char *data, size_t n,
+                        bool eof, int64_t *count, redact_sink sink, void *ud);
+
 /* Structured args -> argv: schema-validated, then the tool's argv hook. */
 struct msgpack_object;
 bool policy_argv(struct policy *p, const struct tool_def *t, const struct msgpack_object *args,

@@ -34,8 +34,10 @@
 --   empty); another table is an array if it is a non-empty sequence with keys 1..n only,
 --   otherwise an object. An EMPTY table without M.array_mt is ambiguous (lua-cjson has no
 --   object metatable, so "{}" decodes to it): it counts as both an empty object and an
---   empty array — it satisfies type "object" and type "array", and both the object and the
---   array keywords apply to it.
+--   empty array: it satisfies type "object" and type "array", the object keywords and the
+--   array keywords both apply to it (fail closed: {} fails {"minItems": 1} and
+--   {"required": ["a"]} alike, and {"contains": ...}), and in enum, const and uniqueItems
+--   it equals both {} and [].
 --
 -- Supported keywords (draft 2020-12 semantics; draft 7 where 2020-12 has no opinion):
 --   type (string or array; "integer"), enum, const (deep equality), $ref ("#", "#/json/
@@ -102,7 +104,6 @@ local function kind(v)
   end
   return nil
 end
-M._kind = kind
 
 local function is_integer(x)
   if mtype(x) == "integer" then return true end
@@ -112,7 +113,6 @@ end
 local function kind_name(k, v)
   if k == "empty" then return "empty object/array" end
   if k == nil then return "Lua " .. type(v) end
-  if k == "number" and is_integer(v) then return "integer" end
   return k
 end
 
@@ -157,8 +157,9 @@ local function deep_equal(a, b, depth)
   if depth > 200 then error("deep_equal: nesting too deep", 0) end
   local ka, kb = kind(a), kind(b)
   if ka == "number" and kb == "number" then return a == b end
-  if ka ~= kb then
+  if ka ~= kb or ka == "empty" then
     if ka == "empty" then
+      if kb == "empty" then return true end
       if kb == "array" then return #b == 0 end
       return kb == "object" and next(b) == nil
     elseif kb == "empty" then
@@ -186,7 +187,6 @@ local function deep_equal(a, b, depth)
   end
   return false -- different strings / booleans (rawequal failed)
 end
-M._deep_equal = function(a, b) return deep_equal(a, b, 0) end
 
 ------------------------------------------------------------------------------------------
 -- Patterns: an ECMA-262 subset, parsed to a tree and compiled to continuation-passing
@@ -617,18 +617,28 @@ local function get_regex(pattern)
   return re
 end
 
--- unanchored search; true/false, or nil when str is not valid UTF-8
-local function regex_search(re, str)
-  if ulen(str) == nil then return nil end
-  local s, n = {}, 0
-  for _, c in ucodes(str) do n = n + 1; s[n] = c end
-  s.n, s.steps, s.limit = n, 0, M.regex_step_limit
+local function run_search(re, s, n)
   local m = re.match
   if re.anchored then return m(s, 1, KTRUE) end
   for i = 1, n + 1 do
     if m(s, i, KTRUE) then return true end
   end
   return false
+end
+
+-- unanchored search; true/false, or nil when str is not valid UTF-8. Over budget or too
+-- deep a recursion (a repeated group over a very long string) raises a FATAL error.
+local function regex_search(re, str)
+  if ulen(str) == nil then return nil end
+  local s, n = {}, 0
+  for _, c in ucodes(str) do n = n + 1; s[n] = c end
+  s.n, s.steps, s.limit = n, 0, M.regex_step_limit
+  local ok, r = pcall(run_search, re, s, n)
+  if ok then return r end
+  if getmetatable(r) ~= FATAL and type(r) == "string" and sfind(r, "stack overflow", 1, true) then
+    error(setmetatable({ msg = "pattern match recursion too deep for this string" }, FATAL), 0)
+  end
+  error(r, 0)
 end
 
 function M.check_pattern(pattern)
@@ -715,6 +725,16 @@ local function fatal(ctx, kw, msg, ...)
   if select("#", ...) > 0 then msg = sformat(msg, ...) end
   error(setmetatable({ msg = pointer(ctx.path, ctx.n) .. ": schema error: " .. msg
     .. " (" .. kw .. ")" }, FATAL), 0)
+end
+
+-- a search during validation: FATAL errors (budget, depth) get the pointer and keyword
+local function search(ctx, kw, re, str)
+  local ok, r = pcall(regex_search, re, str)
+  if ok then return r end
+  if getmetatable(r) == FATAL then
+    error(setmetatable({ msg = pointer(ctx.path, ctx.n) .. ": " .. r.msg .. " (" .. kw .. ")" }, FATAL), 0)
+  end
+  error(r, 0)
 end
 
 local VALID_TYPES = { null = true, boolean = true, object = true, array = true,
@@ -828,8 +848,11 @@ local function validate_object(ctx, s, v, depth)
       for pat, ps in pairs(pprops) do
         if type(pat) ~= "string" then fatal(ctx, "patternProperties", "keys must be patterns (strings)") end
         local ok, re = pcall(get_regex, pat)
-        if not ok then fatal(ctx, "patternProperties", "%s", re.msg or tostring(re)) end
-        local r = regex_search(re, name)
+        if not ok then
+          if getmetatable(re) ~= FATAL then error(re, 0) end
+          fatal(ctx, "patternProperties", "%s", re.msg)
+        end
+        local r = search(ctx, "patternProperties", re, name)
         if r == nil then return fail(ctx, "patternProperties", "property name %s is not valid UTF-8", quote(name)) end
         if r then
           matched = true
@@ -982,12 +1005,12 @@ function vnode(ctx, s, v, depth)
   if depth >= ctx.max_depth then
     fatal(ctx, "$ref", "schema nesting deeper than %d (a $ref cycle?)", ctx.max_depth)
   end
-  depth = depth + 1
   local e
   local k = kind(v)
   if k == nil then
     return fail(ctx, "type", "a Lua %s is not a JSON value", type(v))
   end
+  depth = depth + 1
 
   local t = s.type
   if t ~= nil then
@@ -1070,7 +1093,7 @@ function vnode(ctx, s, v, depth)
         if getmetatable(re) ~= FATAL then error(re, 0) end
         fatal(ctx, "pattern", "%s", re.msg)
       end
-      local r = regex_search(re, v)
+      local r = search(ctx, "pattern", re, v)
       if r == nil then return fail(ctx, "pattern", "string is not valid UTF-8") end
       if not r then return fail(ctx, "pattern", "%s does not match %s", repr(v), quote(pat)) end
     end
@@ -1100,7 +1123,7 @@ function vnode(ctx, s, v, depth)
   elseif k == "array" then
     e = validate_array(ctx, s, v, depth)
     if e then return e end
-  elseif k == "empty" then
+  elseif k == "empty" then -- both an empty object and an empty array: both sets apply
     e = validate_object(ctx, s, v, depth) or validate_array(ctx, s, v, depth)
     if e then return e end
   end
