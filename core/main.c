@@ -15,6 +15,10 @@ static const char usage[] =
     "  run [options] -- TOOL [ARG...]   run one tool call in a fresh session\n"
     "  serve [options]                  the MessagePack-RPC server (stdin/stdout or a socket)\n"
     "  test FILE...                     run LuaUnit policy tests (stockade.testing)\n"
+    "  check [POLICY...]                CI gate: problems in a policy, one per line\n"
+    "  diff OLD NEW [--json] [--fail-on-widen]   CI gate: what a policy change widens\n"
+    "  dry-run [POLICY]                 CI gate: run each tool's probe, prove no write outside\n"
+    "  budget [POLICY] [--json]         CI gate: the timeout budget table\n"
     "  version                          print the version\n"
     "See README.md and the design documents for the protocol and the policy API.\n";
 
@@ -38,6 +42,9 @@ int main(int argc, char **argv)
         return cli_serve(argc - 1, argv + 1);
     if (strcmp(cmd, "test") == 0)
         return cli_test(argc - 1, argv + 1);
+    if (!strcmp(cmd, "check") || !strcmp(cmd, "diff") || !strcmp(cmd, "dry-run") ||
+        !strcmp(cmd, "budget"))
+        return cli_gate(cmd, argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         puts("stockade " STOCKADE_VERSION);
         return 0;

@@ -1293,3 +1293,102 @@ void policy_redact_feed(struct policy *p, const struct tool_def *t, const char *
     memmove(carry->data, carry->data + used, carry->len - used);
     carry->len -= used;
 }
+
+/* ---- describing a policy to another Lua state (gates, tests) ------------------------ */
+
+/* Lines first..last of a source file, for comparing hooks by their text. */
+static void push_source_lines(lua_State *to, const char *source, int first, int last)
+{
+    size_t len;
+    char *err = NULL;
+    char *text = source[0] == '@' ? slurp(source + 1, 1 << 20, &len, &err) : NULL;
+    free(err);
+    if (!text || first < 1 || last < first) {
+        lua_pushstring(to, "");
+        free(text);
+        return;
+    }
+    const char *p = text, *start = NULL, *end = text + len;
+    for (int line = 1; p < end; line++) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *stop = nl ? nl + 1 : end;
+        if (line == first)
+            start = p;
+        if (line == last) {
+            end = stop;
+            break;
+        }
+        p = stop;
+    }
+    lua_pushlstring(to, start ? start : "", start ? (size_t)(end - start) : 0);
+    free(text);
+}
+
+/* Copy the value at `idx` of `from` onto `to`: plain data as is, functions as
+ * {kind = "function", where = "file:line", source = "..."}. */
+static void copy_value(lua_State *from, int idx, lua_State *to, int depth)
+{
+    idx = lua_absindex(from, idx);
+    luaL_checkstack(to, 6, "describe");
+    switch (lua_type(from, idx)) {
+    case LUA_TBOOLEAN: lua_pushboolean(to, lua_toboolean(from, idx)); return;
+    case LUA_TNUMBER:
+        if (lua_isinteger(from, idx))
+            lua_pushinteger(to, lua_tointeger(from, idx));
+        else
+            lua_pushnumber(to, lua_tonumber(from, idx));
+        return;
+    case LUA_TSTRING: {
+        size_t n;
+        const char *s = lua_tolstring(from, idx, &n);
+        lua_pushlstring(to, s, n);
+        return;
+    }
+    case LUA_TFUNCTION: {
+        lua_Debug ar;
+        lua_pushvalue(from, idx);
+        lua_getinfo(from, ">S", &ar);
+        lua_createtable(to, 0, 3);
+        lua_pushstring(to, "function");
+        lua_setfield(to, -2, "kind");
+        lua_pushfstring(to, "%s:%d", ar.short_src, ar.linedefined);
+        lua_setfield(to, -2, "where");
+        push_source_lines(to, ar.source, ar.linedefined, ar.lastlinedefined);
+        lua_setfield(to, -2, "source");
+        return;
+    }
+    case LUA_TTABLE:
+        if (depth > 24) {
+            lua_pushstring(to, "(nested too deep)");
+            return;
+        }
+        lua_newtable(to);
+        lua_pushnil(from);
+        while (lua_next(from, idx)) {
+            int kt = lua_type(from, -2);
+            /* keys the core adds for itself (_chain) are not the policy's */
+            if ((kt == LUA_TSTRING && lua_tostring(from, -2)[0] != '_') || kt == LUA_TNUMBER) {
+                copy_value(from, -2, to, depth + 1);
+                copy_value(from, -1, to, depth + 1);
+                lua_rawset(to, -3);
+            }
+            lua_pop(from, 1);
+        }
+        return;
+    default:
+        lua_pushnil(to);
+    }
+}
+
+void policy_describe(struct policy *p, struct lua_State *to)
+{
+    lua_State *L = p->L;
+    int top = lua_gettop(L);
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_policy_table);
+    copy_value(L, -1, to, 0);
+    lua_pushstring(to, p->path);
+    lua_setfield(to, -2, "file");
+    lua_pushstring(to, p->sha256);
+    lua_setfield(to, -2, "sha256");
+    lua_settop(L, top);
+}

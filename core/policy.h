@@ -136,6 +136,11 @@ bool policy_check_output(struct policy *p, const struct tool_def *t, const char 
  * Denied globs win over any allow; the core's own names are never accepted. */
 char *policy_env_check(const struct policy *p, const struct tool_def *t, const char *entry);
 
+/* Push onto `to` (another Lua state) a plain copy of the normalized policy: tools,
+ * timeouts, limits, env, mounts, network; hook functions as {kind="function", where,
+ * source}. For the CI gates and tests. */
+void policy_describe(struct policy *p, struct lua_State *to);
+
 /* The budgeted entry into Lua, exposed for tests: the function and its nargs arguments
  * are on the stack; leaves nres results on OK, nothing otherwise. */
 enum policy_rc policy_pcall(struct policy *p, int nargs, int nres, const char *hook, char **err);

@@ -4,6 +4,7 @@
 #include "call.h"
 #include "cli.h"
 #include "policy.h"
+#include "lua_embed.h"
 #include "root.h"
 
 #include <errno.h>
@@ -305,6 +306,13 @@ static int l_tools(lua_State *L)
     return 1;
 }
 
+/* p:describe() -> a plain copy of the normalized policy table */
+static int l_describe(lua_State *L)
+{
+    policy_describe(check_handle(L)->policy, L);
+    return 1;
+}
+
 /* p:root() -> the throwaway session root its path helpers resolve against */
 static int l_root(lua_State *L)
 {
@@ -358,6 +366,7 @@ static int luaopen_stockade_testing(lua_State *L)
     static const luaL_Reg methods[] = {
         {"decide", l_decide}, {"redact", l_redact}, {"classify", l_classify},
         {"check_output", l_check_output}, {"tools", l_tools}, {"root", l_root},
+        {"describe", l_describe},
         {NULL, NULL},
     };
     luaL_newmetatable(L, HANDLE_MT);
@@ -421,4 +430,44 @@ int cli_test(int argc, char **argv)
         }
     }
     return failed ? 1 : 0;
+}
+
+/* `stockade check|diff|dry-run|budget ...`: the CI gates, written in Lua (lua/gates.lua)
+ * over p:describe(), run in a full Lua state like a test. The module is called as
+ * gates(command, args, self) and returns the exit status. */
+int cli_gate(const char *command, int argc, char **argv)
+{
+    const struct lua_embedded *m = NULL;
+    for (const struct lua_embedded *e = lua_embedded; e->name; e++)
+        if (strcmp(e->name, "gates") == 0)
+            m = e;
+    if (!m)
+        die("%s: the gates are not built in", command);
+    lua_State *L = luaL_newstate();
+    luaL_openlibs(L);
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+    lua_pushcfunction(L, luaopen_stockade_testing);
+    lua_setfield(L, -2, "stockade.testing");
+    lua_pop(L, 1);
+    char chunkname[128];
+    snprintf(chunkname, sizeof chunkname, "=%s", m->file);
+    if (luaL_loadbufferx(L, m->src, m->len, chunkname, "t") != LUA_OK)
+        die("%s", lua_tostring(L, -1));
+    lua_pushstring(L, command);
+    lua_createtable(L, argc, 0);
+    for (int i = 1; i < argc; i++) {
+        lua_pushstring(L, argv[i]);
+        lua_rawseti(L, -2, i);
+    }
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = 0;
+    lua_pushstring(L, self);
+    int status = 125;
+    if (lua_pcall(L, 3, 1, 0) != LUA_OK)
+        fprintf(stderr, "stockade %s: %s\n", command, lua_tostring(L, -1));
+    else
+        status = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+    lua_close(L);
+    return status;
 }
