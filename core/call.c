@@ -286,13 +286,15 @@ static void on_grace(struct ev_loop *loop, ev_timer *w, int revents)
     }
 }
 
-void call_stop(struct call *c, enum call_class class, const char *layer, bool hard)
+void call_stop(struct call *c, enum call_class class, const char *layer, const char *why,
+               bool hard)
 {
     if (c->state != CALL_RUNNING && c->state != CALL_TERMINATING)
         return;
     if (c->kill_class == CLASS_OK) {
         c->kill_class = class;
         c->kill_layer = layer;
+        c->kill_why = why;
     }
     ev_timer_stop(c->loop, &c->timeout_timer);
     ev_timer_stop(c->loop, &c->deadline_timer);
@@ -312,14 +314,14 @@ void call_stop(struct call *c, enum call_class class, const char *layer, bool ha
 static void on_timeout(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop, (void)revents;
-    call_stop(w->data, CLASS_TOOL_TIMEOUT, "timeout", false);
+    call_stop(w->data, CLASS_TOOL_TIMEOUT, "timeout", NULL, false);
 }
 
 static void on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop, (void)revents;
     /* Hard: the caller's budget is spent, there is no time for a grace period. */
-    call_stop(w->data, CLASS_DEADLINE_EXCEEDED, "deadline", true);
+    call_stop(w->data, CLASS_DEADLINE_EXCEEDED, "deadline", NULL, true);
 }
 
 /* ---- the tree has ended ------------------------------------------------------------ */
@@ -372,6 +374,10 @@ static void classify(struct call *c, const struct shim_report *rep)
             break;
         default:
             msg = xstrdup("stopped by the supervisor");
+        }
+        if (c->kill_why) {
+            free(msg);
+            msg = xstrdup(c->kill_why);
         }
         set_result(c, c->kill_class, c->kill_class == CLASS_TOOL_TIMEOUT && c->idempotent, msg,
                    c->kill_layer);

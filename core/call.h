@@ -104,6 +104,7 @@ struct call {
     int64_t started_ms, timeout_ms;
     enum call_class kill_class;         /* why we ended it, CLASS_OK if we did not */
     const char *kill_layer;
+    const char *kill_why;               /* static; the answer's message when set */
 
     call_done_fn on_done;
     call_output_fn on_output;
@@ -130,8 +131,10 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
                         struct call_request *req, call_done_fn on_done,
                         call_output_fn on_output, void *ud);
 /* End a running call for a reason (cancel, deadline, session expiry): its tree is
- * terminated and it is answered with `class`. */
-void call_stop(struct call *c, enum call_class class, const char *layer, bool hard);
+ * terminated and it is answered with `class`; `why` (static) replaces the default
+ * message. */
+void call_stop(struct call *c, enum call_class class, const char *layer, const char *why,
+               bool hard);
 /* Stop (or resume) reading the tool's output: back-pressure from a slow client. */
 void call_pause_output(struct call *c, bool pause);
 /* Release everything; only after on_done. */

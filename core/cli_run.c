@@ -39,7 +39,7 @@ static void on_run_signal(struct ev_loop *loop, ev_signal *w, int revents)
 {
     (void)loop, (void)revents;
     struct run_ctx *ctx = w->data;
-    call_stop(ctx->call, CLASS_CANCELLED, NULL, false);
+    call_stop(ctx->call, CLASS_CANCELLED, NULL, "interrupted by a signal to stockade", false);
 }
 
 static char *read_all_stdin(size_t *len, int64_t limit)

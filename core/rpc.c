@@ -202,7 +202,7 @@ void rpc_conn_flush(struct rpc_conn *c)
 static void conn_fail(struct rpc_conn *c, const char *why)
 {
     LOG_W("connection closed: %s", why);
-    rpc_conn_close(c, why, 0);
+    rpc_conn_close(c, why, 1000);   /* the error answer, if any, still goes out */
 }
 
 /* Dispatch every complete message in the input buffer. */

@@ -201,9 +201,9 @@ static void session_end(struct srv_session *ss, const char *layer)
         ss->calls_killed++;
         /* Hard: the session's time is up (or it was closed); no grace for its tools. */
         if (layer)
-            call_stop(sc->call, CLASS_SESSION_EXPIRED, layer, true);
+            call_stop(sc->call, CLASS_SESSION_EXPIRED, layer, NULL, true);
         else
-            call_stop(sc->call, CLASS_CANCELLED, NULL, true);
+            call_stop(sc->call, CLASS_CANCELLED, NULL, "the session was closed", true);
     }
     if (ss->ncalls == 0)
         session_finish(ss);
@@ -670,7 +670,7 @@ static void m_cancel(struct srv_conn *conn, uint32_t msgid, const msgpack_object
     for (struct srv_call *sc = conn->srv->calls; sc; sc = sc->next) {
         if (sc->conn == conn && sc->msgid == (uint32_t)o->via.u64 &&
             (sc->call->state == CALL_RUNNING || sc->call->state == CALL_TERMINATING)) {
-            call_stop(sc->call, CLASS_CANCELLED, NULL, false);
+            call_stop(sc->call, CLASS_CANCELLED, NULL, NULL, false);
             found = true;
         }
     }
@@ -854,7 +854,7 @@ static void on_conn_close(struct rpc_conn *rpc, const char *why)
     for (struct srv_call *sc = srv->calls; sc; sc = sc->next) {
         if (sc->conn == conn) {
             sc->conn = NULL;
-            call_stop(sc->call, CLASS_CANCELLED, NULL, true);
+            call_stop(sc->call, CLASS_CANCELLED, NULL, "the client went away", true);
         }
     }
     for (struct srv_session *ss = srv->sessions; ss; ss = ss->next) {
@@ -989,7 +989,7 @@ static void on_drain_timer(struct ev_loop *loop, ev_timer *w, int revents)
     if (srv->calls)
         LOG_W("drain: %u calls still running; killing them", srv->running);
     for (struct srv_call *sc = srv->calls; sc; sc = sc->next)
-        call_stop(sc->call, CLASS_CANCELLED, NULL, true);
+        call_stop(sc->call, CLASS_CANCELLED, NULL, "the server is stopping", true);
 }
 
 static void shutdown_begin(struct server *srv, bool hard)

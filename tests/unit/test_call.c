@@ -136,7 +136,7 @@ static void test_stop_cancels(void)
     struct outcome o = {0};
     struct call *c = call_start(loop, policy, session, &req, on_done, NULL, &o);
     ev_run(loop, EVRUN_NOWAIT);
-    call_stop(c, CLASS_CANCELLED, NULL, false);
+    call_stop(c, CLASS_CANCELLED, NULL, NULL, false);
     while (!o.done)
         ev_run(loop, EVRUN_ONCE);
     CHECK(c->result.class == CLASS_CANCELLED && c->result.signal == SIGTERM);
