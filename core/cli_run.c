@@ -6,6 +6,7 @@
 #include "policy.h"
 #include "proc.h"
 #include "root.h"
+#include "sandbox.h"
 #include "session.h"
 
 #include <errno.h>
@@ -150,10 +151,18 @@ int cli_run(int argc, char **argv)
         die("cannot create the event loop");
     proc_init(loop);
 
+    const char *why = sandbox_level_unavailable(policy->isolation);
+    if (why)
+        die("policy %s requires isolation=%s, which this host cannot give: %s", policy_path,
+            policy->isolation, why);
     struct session *session = session_open(state_dir, session_id, session_id != NULL, uids, &err);
     if (!session)
         die("%s", err);
     session->keep_root = session_id != NULL;
+    if (call_session_prepare(session, policy, &err) < 0) {
+        session_close(session);
+        die("%s", err);
+    }
 
     struct run_ctx ctx = {.loop = loop};
     ev_signal_init(&ctx.sigint, on_run_signal, SIGINT);

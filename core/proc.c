@@ -44,9 +44,17 @@ static bool reap_registered(struct proc *p)
 {
     siginfo_t si;
     memset(&si, 0, sizeof si);
-    if (waitid(P_PIDFD, (id_t)p->pidfd, &si, WEXITED | WNOHANG) < 0 || si.si_pid == 0)
+    int wstatus = 0;
+    if (waitid(P_PIDFD, (id_t)p->pidfd, &si, WEXITED | WNOHANG) < 0) {
+        /* Not our child (a shim inside a session's zygote, reaped there): a readable
+         * pidfd means it has exited. */
+        if (errno != ECHILD)
+            return false;
+    } else if (si.si_pid == 0) {
         return false;
-    int wstatus = si.si_code == CLD_EXITED ? W_EXITCODE(si.si_status, 0) : si.si_status & 0x7f;
+    } else {
+        wstatus = si.si_code == CLD_EXITED ? W_EXITCODE(si.si_status, 0) : si.si_status & 0x7f;
+    }
     unregister(p);
     p->on_exit(p, wstatus, p->ud);   /* may free p */
     return true;

@@ -4,6 +4,7 @@
 #include "proc.h"
 #include "root.h"
 #include "rpc.h"
+#include "sandbox.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -356,6 +357,11 @@ static void m_session_open(struct srv_conn *conn, uint32_t msgid, const msgpack_
     char *err = NULL;
     struct session *s = session_open(srv->state_dir, id, false, srv->opts->uids, &err);
     free(id);
+    if (s && call_session_prepare(s, srv->policy, &err) < 0) {
+        session_close(s);
+        s = NULL;
+        errno = 0;
+    }
     if (!s) {
         rpc_send_error(conn->rpc, msgid, errno == EEXIST ? "BAD_REQUEST" : "INTERNAL", false,
                        err, NULL);
@@ -681,8 +687,6 @@ static void m_cancel(struct srv_conn *conn, uint32_t msgid, const msgpack_object
 
 /* ---- facts -------------------------------------------------------------------------- */
 
-static const char *const process_layers[] = {"rlimits", "no_new_privs", "subreaper", "uid"};
-
 static void m_hello(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
     struct server *srv = conn->srv;
@@ -701,12 +705,13 @@ static void m_hello(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     rpc_pack_kv_int(pk, "generation", srv->policy->generation);
     rpc_pack_key(pk, "isolation");
     msgpack_pack_map(pk, 2);
-    rpc_pack_kv_str(pk, "level", "process");
+    rpc_pack_kv_str(pk, "level", srv->policy->isolation);
     rpc_pack_key(pk, "layers");
-    size_t nlayers = ARRAY_LEN(process_layers) - (geteuid() == 0 ? 0 : 1);
+    const char *layers[LAYER_COUNT + 2];
+    size_t nlayers = sandbox_active_layers(srv->policy->isolation, layers);
     msgpack_pack_array(pk, nlayers);
     for (size_t i = 0; i < nlayers; i++)
-        rpc_pack_str(pk, process_layers[i]);
+        rpc_pack_str(pk, layers[i]);
     rpc_pack_key(pk, "limits");
     msgpack_pack_map(pk, 3);
     rpc_pack_kv_int(pk, "max_sessions", srv->policy->limits.sessions);
@@ -1032,6 +1037,10 @@ struct server *server_new(const struct server_opts *opts)
     if (!srv->policy)
         die("%s", err);
     srv->policy_path = xstrdup(opts->policy_path);
+    const char *why = sandbox_level_unavailable(srv->policy->isolation);
+    if (why)
+        die("policy %s requires isolation=%s, which this host cannot give: %s",
+            opts->policy_path, srv->policy->isolation, why);
     srv->state_dir = xstrdup(opts->state_dir);
     if (mkdir(srv->state_dir, 0711) < 0 && errno != EEXIST)
         die_errno("state dir %s", srv->state_dir);

@@ -1,5 +1,6 @@
 #include "session.h"
 #include "root.h"
+#include "sandbox.h"
 #include "util.h"
 
 #include <errno.h>
@@ -125,6 +126,9 @@ int session_close(struct session *s)
     int rc = 0;
     if (!s)
         return 0;
+    /* its processes first: nothing may still be writing while the root goes */
+    zygote_stop(s->zygote);
+    s->zygote = NULL;
     if (s->root && !s->keep_root && root_remove(s->state_dir, s->id) < 0) {
         LOG_E("session %s: could not remove all of %s: %s", s->id, s->root, strerror(errno));
         rc = -1;

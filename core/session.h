@@ -23,6 +23,8 @@ struct session {
     gid_t gid;
     int uid_lock_fd;            /* holds the uid while the session lives */
     bool keep_root;             /* `stockade run --session ID`: left for the next run */
+    struct zygote *zygote;      /* strict isolation: the session's namespaces */
+    bool net_closed;            /* the policy's network is "none" */
 };
 
 int uid_range_parse(const char *s, struct uid_range *out);

@@ -1,5 +1,6 @@
 #include "spawn.h"
 #include "proc.h"
+#include "sandbox.h"
 #include "util.h"
 
 #include <errno.h>
@@ -84,6 +85,14 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int errpipe)
     }
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         tool_fail(errpipe, errno);
+    if (req->landlock) {
+        struct sandbox_fs fs = {req->session_root, req->rw_paths};
+        if (sandbox_apply_landlock(&fs, req->net_closed) < 0)
+            tool_fail(errpipe, errno);
+    }
+    /* Last: after it, the calls above would be refused too. */
+    if (req->seccomp && sandbox_apply_seccomp(req->net_closed) < 0)
+        tool_fail(errpipe, errno);
     /* After the uid change, which clears it: the tool dies with its shim. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
         tool_fail(errpipe, errno);
@@ -116,14 +125,40 @@ static bool shim_reap(pid_t tool, bool *tool_done, int *tool_status)
     }
 }
 
-static _Noreturn void shim_main(const struct spawn_req *req, pid_t supervisor)
+static void shim_noop(int sig) { (void)sig; }
+
+/* Signal every process of the call's tree. As pid 1 of the call's own pid namespace,
+ * that is everyone else in it; otherwise the walk below the shim. */
+static int shim_signal_tree(bool pid1, int sig)
+{
+    if (pid1) {
+        int rc = kill(-1, sig);
+        if (sig == SIGTERM)
+            kill(-1, SIGCONT);
+        return rc == 0 ? 1 : 0;
+    }
+    return proc_signal_descendants(getpid(), sig, false);
+}
+
+static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent)
 {
     struct shim_report rep = {.magic = SHIM_REPORT_MAGIC};
     sigset_t set;
     shim_sigset(&set);
+    bool pid1 = getpid() == 1;
+    if (pid1) {
+        /* init of a pid namespace only receives signals it has a handler for; they stay
+         * blocked and are taken with sigtimedwait below */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = shim_noop;
+        for (int sig = 1; sig < NSIG; sig++)
+            if (sigismember(&set, sig))
+                sigaction(sig, &sa, NULL);
+    }
 
-    /* SIGUSR1 on the supervisor's death: the same "kill everything" path as a hard stop. */
-    if (prctl(PR_SET_PDEATHSIG, SIGUSR1, 0, 0, 0) < 0 || getppid() != supervisor)
+    /* SIGUSR1 when the parent dies: the same "kill everything" path as a hard stop. */
+    if (prctl(PR_SET_PDEATHSIG, SIGUSR1, 0, 0, 0) < 0 || (!pid1 && getppid() != parent))
         _exit(1);
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     setsid();
@@ -179,7 +214,7 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t supervisor)
             break;
         if (tool_done || killing) {
             /* The call is over: nothing it started may outlive it. */
-            int live = proc_signal_descendants(getpid(), SIGKILL, false);
+            int live = shim_signal_tree(pid1, SIGKILL);
             if (tool_done && !killing)
                 rep.swept += live;
             killing = true;
@@ -189,7 +224,7 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t supervisor)
         int sig = sigtimedwait(&set, &si, killing ? &tick : NULL);
         if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
             if (!killing)
-                proc_signal_descendants(getpid(), SIGTERM, false);
+                shim_signal_tree(pid1, SIGTERM);
         } else if (sig == SIGUSR1) {
             killing = true;
         }
@@ -206,6 +241,24 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t supervisor)
     _exit(0);
 }
 
+void spawn_shim_enter(const struct spawn_req *req, int in_fd, int out_fd, int err_fd,
+                      int status_fd, pid_t parent)
+{
+    reset_signal_dispositions();
+    sigset_t set;
+    shim_sigset(&set);
+    sigprocmask(SIG_SETMASK, &set, NULL);
+    int tool_in = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY | O_CLOEXEC);
+    /* Sources are all >= 3 (the supervisor keeps 0,1,2 open), so these dup2 calls
+     * never clobber one another. */
+    if (tool_in < 0 || dup2(tool_in, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0 ||
+        dup2(status_fd, SHIM_STATUS_FD) < 0)
+        _exit(1);
+    fcntl(SHIM_STATUS_FD, F_SETFD, FD_CLOEXEC);
+    close_range(SHIM_STATUS_FD + 1, ~0U, 0);
+    shim_main(req, parent);
+}
+
 int spawn_start(const struct spawn_req *req, struct spawn_child *out)
 {
     int in[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1}, status[2] = {-1, -1};
@@ -220,21 +273,8 @@ int spawn_start(const struct spawn_req *req, struct spawn_child *out)
     sigprocmask(SIG_SETMASK, &all, &old);
     pid_t supervisor = getpid();
     pid_t pid = fork();
-    if (pid == 0) {
-        reset_signal_dispositions();
-        sigset_t set;
-        shim_sigset(&set);
-        sigprocmask(SIG_SETMASK, &set, NULL);
-        int tool_in = req->with_stdin ? in[0] : open("/dev/null", O_RDONLY | O_CLOEXEC);
-        /* Sources are all >= 3 (the supervisor keeps 0,1,2 open), so these dup2 calls
-         * never clobber one another. */
-        if (tool_in < 0 || dup2(tool_in, 0) < 0 || dup2(outp[1], 1) < 0 ||
-            dup2(errp[1], 2) < 0 || dup2(status[1], SHIM_STATUS_FD) < 0)
-            _exit(1);
-        fcntl(SHIM_STATUS_FD, F_SETFD, FD_CLOEXEC);
-        close_range(SHIM_STATUS_FD + 1, ~0U, 0);
-        shim_main(req, supervisor);
-    }
+    if (pid == 0)
+        spawn_shim_enter(req, in[0], outp[1], errp[1], status[1], supervisor);
     int fork_errno = errno;
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
@@ -260,7 +300,7 @@ int spawn_start(const struct spawn_req *req, struct spawn_child *out)
     fd_set_nonblock(outp[0]);
     fd_set_nonblock(errp[0]);
     fd_set_nonblock(status[0]);
-    *out = (struct spawn_child){pid, pidfd, in[1], outp[0], errp[0], status[0]};
+    *out = (struct spawn_child){pid, pidfd, in[1], outp[0], errp[0], status[0], false};
     return 0;
 
 fail:;

@@ -28,6 +28,12 @@ struct spawn_req {
     gid_t gid;
     struct spawn_limits limits;
     bool with_stdin;            /* a pipe for stdin; otherwise /dev/null */
+    /* walls applied in the tool's process before exec (sandbox.h) */
+    bool landlock;              /* writes only beneath session_root and rw_paths */
+    bool seccomp;               /* the syscall filter */
+    bool net_closed;            /* no TCP (Landlock), no AF_INET* sockets (seccomp) */
+    const char *session_root;
+    const char *const *rw_paths;
 };
 
 struct spawn_child {
@@ -36,6 +42,7 @@ struct spawn_child {
     int stdin_fd;               /* write end, or -1 */
     int stdout_fd, stderr_fd;   /* read ends, non-blocking */
     int status_fd;              /* read end of the shim's report */
+    bool not_our_child;         /* a zygote's: its exit is seen on the pidfd, not reaped */
 };
 
 enum shim_outcome {
@@ -59,5 +66,11 @@ struct shim_report {
 
 /* Start the shim and the tool. 0, or -1 with errno (nothing left open or running). */
 int spawn_start(const struct spawn_req *req, struct spawn_child *out);
+
+/* In a freshly forked (or cloned) child: become the call's shim with these ends of the
+ * tool's stdio and the report pipe. `parent` is checked against getppid() unless the
+ * shim is pid 1 of its own pid namespace. Never returns. */
+_Noreturn void spawn_shim_enter(const struct spawn_req *req, int in_fd, int out_fd, int err_fd,
+                                int status_fd, pid_t parent);
 
 #endif

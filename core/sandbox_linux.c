@@ -1,0 +1,844 @@
+/* The Linux walls: probe, Landlock, seccomp (libseccomp), and the per-session zygote
+ * (namespaces + mount tree built once, one clone per call). */
+#include "sandbox.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/landlock.h>
+#include <linux/mount.h>
+#include <net/if.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/pidfd.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+
+/* Newer than Debian 12's headers. */
+#ifndef LANDLOCK_ACCESS_FS_TRUNCATE
+#define LANDLOCK_ACCESS_FS_TRUNCATE (1ULL << 14)
+#endif
+#ifndef LANDLOCK_ACCESS_FS_IOCTL_DEV
+#define LANDLOCK_ACCESS_FS_IOCTL_DEV (1ULL << 15)
+#endif
+#define LL_ACCESS_NET_BIND_TCP (1ULL << 0)
+#define LL_ACCESS_NET_CONNECT_TCP (1ULL << 1)
+
+struct ll_ruleset_attr {            /* landlock_ruleset_attr, ABI 4+ layout */
+    __u64 handled_access_fs;
+    __u64 handled_access_net;
+};
+
+static const char *const layer_names[LAYER_COUNT] = {
+    [LAYER_USERNS] = "userns", [LAYER_MOUNTNS] = "mountns", [LAYER_PIDNS] = "pidns",
+    [LAYER_NETNS] = "netns", [LAYER_IPCNS] = "ipcns", [LAYER_UTSNS] = "utsns",
+    [LAYER_LANDLOCK] = "landlock", [LAYER_SECCOMP] = "seccomp", [LAYER_RLIMITS] = "rlimits",
+    [LAYER_UID] = "uid", [LAYER_CGROUP] = "cgroup",
+};
+
+const char *sandbox_layer_name(enum sandbox_layer l) { return layer_names[l]; }
+
+/* ---- probing -------------------------------------------------------------------- */
+
+/* Try unshare(flags) in a throwaway child: the only honest test. */
+static int try_unshare(int flags)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return errno;
+    if (pid == 0)
+        _exit(unshare(flags) == 0 ? 0 : (errno & 0x7f));
+    int st;
+    if (waitpid(pid, &st, 0) < 0)
+        return errno;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : EINVAL;
+}
+
+static struct sandbox_caps caps;
+static bool probed;
+
+static void ns_probe(enum sandbox_layer l, int flag, bool root)
+{
+    /* As root no user namespace is needed; without root, the others need one. */
+    int flags = flag | (root || l == LAYER_USERNS ? 0 : CLONE_NEWUSER);
+    int err = try_unshare(flags);
+    caps.available[l] = err == 0;
+    if (err == 0)
+        return;
+    const char *fix = err == EPERM && !root
+        ? "unprivileged user namespaces are restricted: check sysctls "
+          "kernel.unprivileged_userns_clone=1, user.max_user_namespaces>0 and "
+          "kernel.apparmor_restrict_unprivileged_userns=0, or run as root"
+        : err == EPERM ? "the container lacks CAP_SYS_ADMIN: run with it, or use isolation=process"
+        : err == ENOSPC ? "user.max_user_namespaces is exhausted or 0: raise it"
+        : "not supported by this kernel";
+    snprintf(caps.reason[l], sizeof caps.reason[l], "unshare: %s; %s", strerror(err), fix);
+}
+
+const struct sandbox_caps *sandbox_caps(void)
+{
+    if (probed)
+        return &caps;
+    probed = true;
+    caps.root = geteuid() == 0;
+    ns_probe(LAYER_USERNS, CLONE_NEWUSER, caps.root);
+    ns_probe(LAYER_MOUNTNS, CLONE_NEWNS, caps.root);
+    ns_probe(LAYER_PIDNS, CLONE_NEWPID, caps.root);
+    ns_probe(LAYER_NETNS, CLONE_NEWNET, caps.root);
+    ns_probe(LAYER_IPCNS, CLONE_NEWIPC, caps.root);
+    ns_probe(LAYER_UTSNS, CLONE_NEWUTS, caps.root);
+    long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    caps.landlock_abi = abi > 0 ? (int)abi : 0;
+    caps.available[LAYER_LANDLOCK] = abi > 0;
+    if (abi <= 0)
+        snprintf(caps.reason[LAYER_LANDLOCK], sizeof caps.reason[0],
+                 "%s; boot with lsm=...,landlock (CONFIG_SECURITY_LANDLOCK)",
+                 errno == EOPNOTSUPP ? "disabled at boot" : strerror(errno));
+    caps.available[LAYER_SECCOMP] = prctl(PR_GET_SECCOMP, 0, 0, 0, 0) >= 0;
+    if (!caps.available[LAYER_SECCOMP])
+        snprintf(caps.reason[LAYER_SECCOMP], sizeof caps.reason[0], "%s", strerror(errno));
+    caps.available[LAYER_RLIMITS] = true;
+    caps.available[LAYER_UID] = caps.root;
+    if (!caps.root)
+        snprintf(caps.reason[LAYER_UID], sizeof caps.reason[0],
+                 "not root: tools run as the supervisor's uid (mapped in a user namespace "
+                 "under strict isolation); run as root for a per-session service uid");
+    /* A cgroup v2 subtree delegated to us would have memory and pids controllers. */
+    char ctl[256] = "";
+    int fd = open("/sys/fs/cgroup/cgroup.controllers", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        fd = open("/sys/fs/cgroup/unified/cgroup.controllers", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = read(fd, ctl, sizeof ctl - 1);
+        ctl[n > 0 ? n : 0] = 0;
+        close(fd);
+    }
+    caps.available[LAYER_CGROUP] = false;
+    snprintf(caps.reason[LAYER_CGROUP], sizeof caps.reason[0],
+             "no delegated cgroup v2 subtree with memory and pids controllers (v2 "
+             "controllers here: '%s'); per-session caps come from RLIMIT_NPROC with the "
+             "session uid and RLIMIT_AS", ctl[0] ? strtok(ctl, "\n") : "none");
+    return &caps;
+}
+
+size_t sandbox_active_layers(const char *level, const char **out)
+{
+    const struct sandbox_caps *c = sandbox_caps();
+    bool strict = strcmp(level, "strict") == 0;
+    size_t n = 0;
+    for (int l = 0; l < LAYER_COUNT; l++) {
+        bool ns = l <= LAYER_UTSNS;
+        if (!c->available[l] || (ns && !strict) || (l == LAYER_USERNS && c->root))
+            continue;
+        out[n++] = layer_names[l];
+    }
+    out[n++] = "no_new_privs";
+    out[n++] = "subreaper";
+    return n;
+}
+
+const char *sandbox_level_unavailable(const char *level)
+{
+    const struct sandbox_caps *c = sandbox_caps();
+    if (strcmp(level, "strict") != 0)
+        return NULL;
+    static const enum sandbox_layer need[] = {LAYER_MOUNTNS, LAYER_PIDNS, LAYER_NETNS,
+                                              LAYER_IPCNS, LAYER_UTSNS};
+    for (size_t i = 0; i < ARRAY_LEN(need); i++)
+        if (!c->available[need[i]])
+            return c->reason[need[i]];
+    if (!c->root && !c->available[LAYER_USERNS])
+        return c->reason[LAYER_USERNS];
+    return NULL;
+}
+
+/* ---- Landlock ------------------------------------------------------------------- */
+
+static int ll_add_path(int ruleset, const char *path, __u64 access)
+{
+    int fd = open(path, O_PATH | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -1;     /* nothing there: nothing to allow */
+    struct landlock_path_beneath_attr pb = {.allowed_access = access, .parent_fd = fd};
+    struct stat st;
+    /* on a file only the file rights apply */
+    if (fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode))
+        pb.allowed_access &= LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_TRUNCATE |
+                             LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_EXECUTE |
+                             LANDLOCK_ACCESS_FS_IOCTL_DEV;
+    int rc = (int)syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &pb, 0);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+int sandbox_apply_landlock(const struct sandbox_fs *fs, bool net_closed)
+{
+    int abi = sandbox_caps()->landlock_abi;
+    if (abi <= 0)
+        return 0;
+    /* Reads stay as the mount tree and file modes make them; every way of writing,
+     * creating, removing or renaming is handled, and allowed only beneath the roots. */
+    __u64 write = LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_REMOVE_DIR |
+                  LANDLOCK_ACCESS_FS_REMOVE_FILE | LANDLOCK_ACCESS_FS_MAKE_CHAR |
+                  LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_MAKE_REG |
+                  LANDLOCK_ACCESS_FS_MAKE_SOCK | LANDLOCK_ACCESS_FS_MAKE_FIFO |
+                  LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_MAKE_SYM;
+    if (abi >= 2)
+        write |= LANDLOCK_ACCESS_FS_REFER;
+    if (abi >= 3)
+        write |= LANDLOCK_ACCESS_FS_TRUNCATE;
+    struct ll_ruleset_attr attr = {.handled_access_fs = write};
+    size_t attr_size = sizeof attr.handled_access_fs;
+    if (abi >= 4 && net_closed) {
+        attr.handled_access_net = LL_ACCESS_NET_BIND_TCP | LL_ACCESS_NET_CONNECT_TCP;
+        attr_size = sizeof attr;
+    }
+    int rs = (int)syscall(SYS_landlock_create_ruleset, &attr, attr_size, 0);
+    if (rs < 0)
+        return -1;
+    __u64 file_write = LANDLOCK_ACCESS_FS_WRITE_FILE | (abi >= 3 ? LANDLOCK_ACCESS_FS_TRUNCATE : 0);
+    int rc = ll_add_path(rs, fs->session_root, write);
+    for (const char *const *p = fs->rw_paths; rc == 0 && p && *p; p++)
+        rc = ll_add_path(rs, *p, write);
+    /* the character devices a tool legitimately writes to */
+    static const char *const devs[] = {"/dev/null", "/dev/zero", "/dev/full", "/dev/tty", NULL};
+    for (const char *const *d = devs; rc == 0 && *d; d++)
+        rc = ll_add_path(rs, *d, file_write);
+    if (rc == 0)
+        rc = (int)syscall(SYS_landlock_restrict_self, rs, 0);
+    int e = errno;
+    close(rs);
+    errno = e;
+    return rc;
+}
+
+/* ---- seccomp -------------------------------------------------------------------- */
+
+/* Refused with EPERM (a clean error for the tool), logged by the kernel's audit. */
+static const char *const denied_syscalls[] = {
+    "mount", "umount2", "pivot_root", "chroot", "ptrace", "process_vm_readv",
+    "process_vm_writev", "bpf", "kexec_load", "kexec_file_load", "init_module",
+    "finit_module", "delete_module", "keyctl", "add_key", "request_key", "perf_event_open",
+    "userfaultfd", "unshare", "setns", "open_tree", "move_mount", "fsopen", "fsconfig",
+    "fsmount", "fspick", "mount_setattr", "name_to_handle_at", "open_by_handle_at", "swapon",
+    "swapoff", "reboot", "syslog", "acct", "quotactl", "iopl", "ioperm", "lookup_dcookie",
+    "vhangup", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+    "pidfd_getfd", "kcmp", "fanotify_init",
+};
+
+static int seccomp_build(bool net_closed, scmp_filter_ctx *out)
+{
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+    if (!ctx)
+        return -ENOMEM;
+    int rc = 0;
+    seccomp_attr_set(ctx, SCMP_FLTATR_CTL_LOG, 1);
+    for (size_t i = 0; i < ARRAY_LEN(denied_syscalls) && rc == 0; i++) {
+        int nr = seccomp_syscall_resolve_name(denied_syscalls[i]);
+        if (nr != __NR_SCMP_ERROR)
+            rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
+    }
+    /* clone with a namespace flag; clone3 hides its flags in memory, so it answers
+     * ENOSYS and the C library falls back to clone, which we can inspect */
+    static const unsigned long ns_flags[] = {CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID,
+                                             CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWUTS,
+                                             CLONE_NEWCGROUP, CLONE_NEWTIME};
+    for (size_t i = 0; i < ARRAY_LEN(ns_flags) && rc == 0; i++)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+                              SCMP_A0(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i]));
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+    /* typing into the terminal of whoever runs us */
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCSTI));
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCLINUX));
+    /* socket families: AF_UNIX always; AF_INET/AF_INET6 only with a network */
+    for (int fam = 0; fam <= AF_MAX && rc == 0; fam++) {
+        if (fam == AF_UNIX || (!net_closed && (fam == AF_INET || fam == AF_INET6)))
+            continue;
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
+                              SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)fam));
+    }
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
+                              SCMP_A0(SCMP_CMP_GT, (scmp_datum_t)AF_MAX));
+    if (rc != 0) {
+        seccomp_release(ctx);
+        return rc;
+    }
+    *out = ctx;
+    return 0;
+}
+
+int sandbox_apply_seccomp(bool net_closed)
+{
+    if (!sandbox_caps()->available[LAYER_SECCOMP])
+        return 0;
+    scmp_filter_ctx ctx;
+    int rc = seccomp_build(net_closed, &ctx);
+    if (rc == 0) {
+        rc = seccomp_load(ctx);
+        seccomp_release(ctx);
+    }
+    if (rc != 0) {
+        errno = -rc;
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the zygote -------------------------------------------------------------------- */
+
+#define ZYG_FD 3
+#define ZYG_MAX_MSG (512 * 1024)
+#define ZYG_MAGIC 0x5a594730u
+
+/* A spawn_req flattened for the socket: fixed fields, then NUL-separated strings:
+ * path, cwd, session_root, argv..., envp..., rw_paths... */
+struct zyg_msg {
+    uint32_t magic;
+    uint32_t argc, envc, rwc;
+    uint32_t drop_user, with_stdin, landlock, seccomp, net_closed;
+    uint32_t uid, gid;
+    struct spawn_limits limits;
+    uint32_t len;           /* bytes of strings that follow */
+};
+
+static void put_str(struct buf *b, const char *s)
+{
+    buf_append(b, s ? s : "", strlen(s ? s : "") + 1);
+}
+
+static char *next_str(char **p, char *end)
+{
+    char *s = *p;
+    char *nul = s < end ? memchr(s, 0, (size_t)(end - s)) : NULL;
+    if (!nul)
+        return NULL;
+    *p = nul + 1;
+    return s;
+}
+
+static size_t strv_len(char *const *v)
+{
+    size_t n = 0;
+    while (v && v[n])
+        n++;
+    return n;
+}
+
+/* fds travel with the message (SCM_RIGHTS); -1 entries are left out */
+static ssize_t send_with_fds(int sock, const void *data, size_t len, const int *fds, int nfds)
+{
+    char cbuf[CMSG_SPACE(sizeof(int) * 8)];
+    memset(cbuf, 0, sizeof cbuf);
+    struct iovec iov = {(void *)data, len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds > 0) {
+        mh.msg_control = cbuf;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfds);
+    }
+    ssize_t n;
+    do
+        n = sendmsg(sock, &mh, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n;
+}
+
+static ssize_t recv_with_fds(int sock, void *data, size_t len, int *fds, int maxfds, int *nfds)
+{
+    char cbuf[CMSG_SPACE(sizeof(int) * 8)];
+    struct iovec iov = {data, len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                        .msg_controllen = sizeof cbuf};
+    ssize_t n;
+    do
+        n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    *nfds = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); n >= 0 && cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < k; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+            if (*nfds < maxfds)
+                fds[(*nfds)++] = fd;
+            else
+                close(fd);
+        }
+    }
+    if (n >= 0 && (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        errno = EMSGSIZE;
+        return -1;
+    }
+    return n;
+}
+
+/* -- inside the zygote: building the session's world -- */
+
+static void zdie(const char *what)
+{
+    /* the supervisor reads this line from the zygote's first message */
+    char msg[256];
+    snprintf(msg, sizeof msg, "E%s: %s", what, strerror(errno));
+    send_with_fds(ZYG_FD, msg, strlen(msg), NULL, 0);
+    _exit(1);
+}
+
+static int write_file(const char *path, const char *text)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = write(fd, text, strlen(text));
+    close(fd);
+    return n == (ssize_t)strlen(text) ? 0 : -1;
+}
+
+static int clone_tree(const char *path, bool recursive)
+{
+    return (int)syscall(SYS_open_tree, AT_FDCWD, path,
+                        OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (recursive ? AT_RECURSIVE : 0));
+}
+
+static int set_attr(int fd, unsigned long long attr, bool recursive)
+{
+    struct mount_attr a = {.attr_set = attr};
+    return (int)syscall(SYS_mount_setattr, fd, "",
+                        AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &a, sizeof a);
+}
+
+static int attach(int fd, const char *where)
+{
+    return (int)syscall(SYS_move_mount, fd, "", AT_FDCWD, where, MOVE_MOUNT_F_EMPTY_PATH);
+}
+
+/* mkdir -p, inside the new root's tmpfs scaffolds */
+static void mkdirs(const char *path, mode_t mode)
+{
+    char *p = xstrdup(path);
+    for (char *s = p + 1; *s; s++) {
+        if (*s == '/') {
+            *s = 0;
+            mkdir(p, mode);
+            *s = '/';
+        }
+    }
+    mkdir(p, mode);
+    free(p);
+}
+
+static void touch(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0)
+        close(fd);
+}
+
+#define NEWROOT "/tmp/.stockade-root"
+
+static void build_world(const struct zygote_config *cfg, uid_t outer_uid, gid_t outer_gid,
+                        bool userns)
+{
+    if (userns) {
+        /* root inside maps to us outside; setgroups must be denied before gid_map */
+        char map[64];
+        write_file("/proc/self/setgroups", "deny");
+        snprintf(map, sizeof map, "0 %u 1\n", (unsigned)outer_uid);
+        if (write_file("/proc/self/uid_map", map) < 0)
+            zdie("uid_map");
+        snprintf(map, sizeof map, "0 %u 1\n", (unsigned)outer_gid);
+        if (write_file("/proc/self/gid_map", map) < 0)
+            zdie("gid_map");
+    }
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        zdie("make / private");
+
+    /* Everything we need from the host tree, taken before anything is mounted over it:
+     * the host root (recursively), the session root, the devices, the policy's mounts. */
+    int host = clone_tree("/", true);
+    if (host < 0)
+        zdie("clone /");
+    if (set_attr(host, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, true) < 0)
+        zdie("read-only host tree");
+    int session = clone_tree(cfg->session_root, false);
+    if (session < 0)
+        zdie("clone the session root");
+    if (set_attr(session, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false) < 0)
+        zdie("session root attributes");
+    char session_tmp[4096];
+    snprintf(session_tmp, sizeof session_tmp, "%s/tmp", cfg->session_root);
+    static const char *const devs[] = {"null", "zero", "full", "random", "urandom", "tty"};
+    int devfd[ARRAY_LEN(devs)];
+    for (size_t i = 0; i < ARRAY_LEN(devs); i++) {
+        char p[32];
+        snprintf(p, sizeof p, "/dev/%s", devs[i]);
+        devfd[i] = clone_tree(p, false);
+    }
+    int *mfd = xcalloc(cfg->nmounts + 1, sizeof *mfd);
+    for (size_t i = 0; i < cfg->nmounts; i++) {
+        mfd[i] = clone_tree(cfg->mounts[i].src, true);
+        if (mfd[i] < 0)
+            zdie(cfg->mounts[i].src);
+        if (cfg->mounts[i].ro && set_attr(mfd[i], MOUNT_ATTR_RDONLY, true) < 0)
+            zdie("read-only mount");
+    }
+
+    /* A scaffold to assemble the new root in (this mount namespace only). */
+    if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") < 0)
+        zdie("scaffold tmpfs");
+    mkdir(NEWROOT, 0755);
+    if (attach(host, NEWROOT) < 0)
+        zdie("attach the host tree");
+    char path[4096];
+    /* /tmp and /var/tmp are the session's tmp. Where the state dir lies beneath one of
+     * them (tests, odd set-ups), that one is an empty read-only tmpfs holding just the
+     * path to the state dir instead: the host's files stay hidden either way. */
+    static const char *const tmps[] = {"/tmp", "/var/tmp"};
+    bool tmp_holds_state[ARRAY_LEN(tmps)];
+    for (size_t i = 0; i < ARRAY_LEN(tmps); i++) {
+        size_t tl = strlen(tmps[i]);
+        tmp_holds_state[i] = strncmp(cfg->state_dir, tmps[i], tl) == 0 &&
+                             (cfg->state_dir[tl] == '/' || cfg->state_dir[tl] == 0);
+        snprintf(path, sizeof path, NEWROOT "%s", tmps[i]);
+        if (tmp_holds_state[i]) {
+            if (mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                      "mode=0755,size=64k") < 0)
+                zdie(tmps[i]);
+        } else {
+            int t = clone_tree(session_tmp, false);
+            if (t < 0 || attach(t, path) < 0)
+                zdie(tmps[i]);
+            close(t);
+        }
+    }
+    /* Other sessions are hidden: an empty tmpfs over sessions/, ours bound back in. */
+    snprintf(path, sizeof path, NEWROOT "%s/sessions", cfg->state_dir);
+    mkdirs(path, 0711);
+    if (mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0711,size=64k") < 0)
+        zdie("hide the other sessions");
+    snprintf(path, sizeof path, NEWROOT "%s", cfg->session_root);
+    mkdirs(path, 0700);
+    if (attach(session, path) < 0)
+        zdie("attach the session root");
+    for (size_t i = 0; i < ARRAY_LEN(tmps); i++) {
+        snprintf(path, sizeof path, NEWROOT "%s", tmps[i]);
+        if (tmp_holds_state[i] &&
+            mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV |
+                  MS_NOEXEC, NULL) < 0)
+            zdie("read-only tmp");
+    }
+    /* The host's personal and runtime dirs: empty and read-only. */
+    static const char *const empties[] = {"/home", "/root", "/run", "/mnt", "/media"};
+    for (size_t i = 0; i < ARRAY_LEN(empties); i++) {
+        snprintf(path, sizeof path, NEWROOT "%s", empties[i]);
+        struct stat st;
+        if (stat(path, &st) == 0 &&
+            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+                  "mode=0755,size=4k") < 0)
+            zdie(empties[i]);
+    }
+    /* A minimal /dev. */
+    if (mount("tmpfs", NEWROOT "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k") < 0)
+        zdie("/dev");
+    for (size_t i = 0; i < ARRAY_LEN(devs); i++) {
+        snprintf(path, sizeof path, NEWROOT "/dev/%s", devs[i]);
+        touch(path);
+        if (devfd[i] >= 0 && attach(devfd[i], path) < 0)
+            zdie(path);
+    }
+    mkdir(NEWROOT "/dev/shm", 01777);
+    mount("tmpfs", NEWROOT "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+          "mode=1777,size=64m");
+    static const char *const links[][2] = {
+        {"/proc/self/fd", NEWROOT "/dev/fd"}, {"/proc/self/fd/0", NEWROOT "/dev/stdin"},
+        {"/proc/self/fd/1", NEWROOT "/dev/stdout"}, {"/proc/self/fd/2", NEWROOT "/dev/stderr"},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(links); i++)
+        if (symlink(links[i][0], links[i][1]) < 0)
+            zdie(links[i][1]);
+    /* The policy's mounts, inside the session root. */
+    for (size_t i = 0; i < cfg->nmounts; i++) {
+        snprintf(path, sizeof path, NEWROOT "%s/%s", cfg->session_root, cfg->mounts[i].dest);
+        mkdirs(path, 0755);
+        if (attach(mfd[i], path) < 0)
+            zdie(cfg->mounts[i].dest);
+    }
+    free(mfd);
+    /* Swap roots; the old one is detached, unreachable. */
+    if (chdir(NEWROOT) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
+        umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)
+        zdie("pivot_root");
+
+    /* Network: a namespace of our own; lo up for "loopback", down for "none". */
+    if (cfg->loopback_up) {
+        int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        struct ifreq ifr;
+        memset(&ifr, 0, sizeof ifr);
+        strcpy(ifr.ifr_name, "lo");
+        if (s >= 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0) {
+            ifr.ifr_flags |= IFF_UP;
+            ioctl(s, SIOCSIFFLAGS, &ifr);
+        }
+        if (s >= 0)
+            close(s);
+    }
+    if (sethostname("stockade", 8) < 0)
+        zdie("sethostname");
+}
+
+static void zygote_serve(void)
+{
+    char *msg = xmalloc(ZYG_MAX_MSG);
+    for (;;) {
+        int fds[4], nfds;
+        ssize_t n = recv_with_fds(ZYG_FD, msg, ZYG_MAX_MSG, fds, 4, &nfds);
+        if (n <= 0)
+            _exit(0);               /* the supervisor closed the session */
+        struct zyg_msg h;
+        if ((size_t)n < sizeof h || nfds != 4) {
+            for (int i = 0; i < nfds; i++)
+                close(fds[i]);
+            continue;
+        }
+        memcpy(&h, msg, sizeof h);
+        char *p = msg + sizeof h, *end = msg + n;
+        char *path = next_str(&p, end), *cwd = next_str(&p, end), *root = next_str(&p, end);
+        bool ok = h.magic == ZYG_MAGIC && path && cwd && root && h.argc < 100000 &&
+                  h.envc < 100000 && h.rwc < 1000;
+        char **argv = ok ? xcalloc(h.argc + 1, sizeof *argv) : NULL;
+        char **envp = ok ? xcalloc(h.envc + 1, sizeof *envp) : NULL;
+        char **rw = ok ? xcalloc(h.rwc + 1, sizeof *rw) : NULL;
+        for (uint32_t i = 0; ok && i < h.argc; i++)
+            ok = (argv[i] = next_str(&p, end)) != NULL;
+        for (uint32_t i = 0; ok && i < h.envc; i++)
+            ok = (envp[i] = next_str(&p, end)) != NULL;
+        for (uint32_t i = 0; ok && i < h.rwc; i++)
+            ok = (rw[i] = next_str(&p, end)) != NULL;
+        int pidfd = -1;
+        pid_t pid = -1;
+        if (ok) {
+            struct spawn_req req = {
+                .path = path, .argv = argv, .envp = envp, .cwd = cwd,
+                .drop_user = h.drop_user, .uid = h.uid, .gid = h.gid, .limits = h.limits,
+                .with_stdin = h.with_stdin, .landlock = h.landlock, .seccomp = h.seccomp,
+                .net_closed = h.net_closed, .session_root = root,
+                .rw_paths = (const char *const *)rw,
+            };
+            /* The shim: pid 1 of a fresh pid namespace, in a copy of our mount tree so
+             * that its /proc shows its own processes only. */
+            pid = (pid_t)syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | CLONE_PIDFD | SIGCHLD,
+                                 NULL, &pidfd, NULL, 0);
+            if (pid == 0) {
+                if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+                    _exit(1);
+                spawn_shim_enter(&req, fds[0], fds[1], fds[2], fds[3], 0);
+            }
+        }
+        int32_t answer[2] = {pid > 0 ? (int32_t)pid : -1, pid > 0 ? 0 : (ok ? errno : EINVAL)};
+        send_with_fds(ZYG_FD, answer, sizeof answer, &pidfd, pidfd >= 0 ? 1 : 0);
+        for (int i = 0; i < 4; i++)
+            close(fds[i]);
+        if (pidfd >= 0)
+            close(pidfd);
+        free(argv);
+        free(envp);
+        free(rw);
+    }
+}
+
+struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
+{
+    const struct sandbox_caps *c = sandbox_caps();
+    bool userns = !c->root;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+        *err = xasprintf("zygote socketpair: %s", strerror(errno));
+        return NULL;
+    }
+    int sndbuf = ZYG_MAX_MSG * 2;
+    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+    setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &sndbuf, sizeof sndbuf);
+    uid_t uid = getuid();
+    gid_t gid = getgid();
+    pid_t supervisor = getpid();
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old);
+    int pidfd = -1;
+    int flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
+                (userns ? CLONE_NEWUSER : 0);
+    pid_t pid = (pid_t)syscall(SYS_clone, flags | CLONE_PIDFD | SIGCHLD, NULL, &pidfd, NULL, 0);
+    if (pid == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = SIG_DFL;
+        for (int sig = 1; sig < NSIG; sig++)
+            sigaction(sig, &sa, NULL);
+        /* the shims are reaped by the kernel: their status travels on their own pipe */
+        sa.sa_handler = SIG_IGN;
+        sigaction(SIGCHLD, &sa, NULL);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != supervisor)
+            _exit(1);
+        if (dup2(sv[1], ZYG_FD) < 0)
+            _exit(1);
+        close_range(ZYG_FD + 1, ~0U, 0);
+        int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (devnull >= 0) {
+            dup2(devnull, 0);
+            dup2(devnull, 1);
+            close(devnull);
+        }
+        build_world(cfg, uid, gid, userns);
+        send_with_fds(ZYG_FD, "R", 1, NULL, 0);     /* ready */
+        zygote_serve();
+    }
+    int e = errno;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    close(sv[1]);
+    if (pid < 0) {
+        close(sv[0]);
+        *err = xasprintf("zygote clone: %s", strerror(e));
+        return NULL;
+    }
+    char hello[300];
+    int nfds;
+    int none[1];
+    ssize_t n = recv_with_fds(sv[0], hello, sizeof hello - 1, none, 0, &nfds);
+    if (n != 1 || hello[0] != 'R') {
+        hello[n > 1 ? n : 1] = 0;
+        *err = xasprintf("the session's sandbox could not be built: %s",
+                         n > 1 ? hello + 1 : "the zygote died");
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        close(pidfd);
+        close(sv[0]);
+        return NULL;
+    }
+    struct zygote *z = xcalloc(1, sizeof *z);
+    z->pid = pid;
+    z->pidfd = pidfd;
+    z->sock = sv[0];
+    return z;
+}
+
+int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_child *out)
+{
+    if (z->broken) {
+        errno = EPIPE;
+        return -1;
+    }
+    int in[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1}, status[2] = {-1, -1};
+    struct buf b = {0};
+    int rc = -1, e = 0;
+    if ((req->with_stdin && pipe2(in, O_CLOEXEC) < 0) || pipe2(outp, O_CLOEXEC) < 0 ||
+        pipe2(errp, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0) {
+        e = errno;
+        goto out;
+    }
+    if (!req->with_stdin) {
+        in[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (in[0] < 0) {
+            e = errno;
+            goto out;
+        }
+    }
+    struct zyg_msg h = {
+        .magic = ZYG_MAGIC, .argc = (uint32_t)strv_len(req->argv),
+        .envc = (uint32_t)strv_len(req->envp),
+        .rwc = (uint32_t)strv_len((char *const *)req->rw_paths), .drop_user = req->drop_user,
+        .with_stdin = req->with_stdin, .landlock = req->landlock, .seccomp = req->seccomp,
+        .net_closed = req->net_closed, .uid = req->uid, .gid = req->gid, .limits = req->limits,
+    };
+    buf_append(&b, &h, sizeof h);
+    put_str(&b, req->path);
+    put_str(&b, req->cwd);
+    put_str(&b, req->session_root);
+    for (uint32_t i = 0; i < h.argc; i++)
+        put_str(&b, req->argv[i]);
+    for (uint32_t i = 0; i < h.envc; i++)
+        put_str(&b, req->envp[i]);
+    for (uint32_t i = 0; i < h.rwc; i++)
+        put_str(&b, req->rw_paths[i]);
+    if (b.len > ZYG_MAX_MSG) {
+        e = E2BIG;
+        goto out;
+    }
+    int fds[4] = {in[0], outp[1], errp[1], status[1]};
+    int32_t answer[2];
+    int pidfd = -1, nfds = 0;
+    if (send_with_fds(z->sock, b.data, b.len, fds, 4) < 0 ||
+        recv_with_fds(z->sock, answer, sizeof answer, &pidfd, 1, &nfds) != sizeof answer) {
+        e = errno ? errno : EPIPE;
+        z->broken = true;
+        if (nfds)
+            close(pidfd);
+        goto out;
+    }
+    if (answer[0] <= 0 || nfds != 1) {
+        e = answer[1] ? answer[1] : EAGAIN;
+        if (nfds)
+            close(pidfd);
+        goto out;
+    }
+    close_quietly(&in[0]);
+    close_quietly(&outp[1]);
+    close_quietly(&errp[1]);
+    close_quietly(&status[1]);
+    if (in[1] >= 0)
+        fd_set_nonblock(in[1]);
+    fd_set_nonblock(outp[0]);
+    fd_set_nonblock(errp[0]);
+    fd_set_nonblock(status[0]);
+    *out = (struct spawn_child){answer[0], pidfd, in[1], outp[0], errp[0], status[0], true};
+    in[1] = outp[0] = errp[0] = status[0] = -1;
+    rc = 0;
+out:
+    buf_free(&b);
+    int *all[] = {&in[0], &in[1], &outp[0], &outp[1], &errp[0], &errp[1], &status[0], &status[1]};
+    for (size_t i = 0; i < ARRAY_LEN(all); i++)
+        close_quietly(all[i]);
+    errno = e;
+    return rc;
+}
+
+void zygote_stop(struct zygote *z)
+{
+    if (!z)
+        return;
+    /* SIGKILL of the zygote: its pid namespaces' inits get SIGUSR1 (PDEATHSIG) and end
+     * their trees; the mount and network namespaces go with the last process. */
+    pidfd_send_signal(z->pidfd, SIGKILL, NULL, 0);
+    siginfo_t si;
+    waitid(P_PIDFD, (id_t)z->pidfd, &si, WEXITED);
+    close_quietly(&z->pidfd);
+    close_quietly(&z->sock);
+    free(z);
+}
