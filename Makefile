@@ -65,7 +65,8 @@ check-lua: stockade
 	@set -e; for t in $(LUA_TESTS); do echo "== $$t"; ./stockade test $$t; done
 
 check-integration: stockade
-	STOCKADE_BIN=$(CURDIR)/stockade $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+	STOCKADE_BIN=$(CURDIR)/stockade PYTHONPATH=contrib/python \
+	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
 
 # libFuzzer over the decoder and dispatcher of `serve`, spawning stubbed.
 FUZZ_SECONDS ?= 60
@@ -93,7 +94,7 @@ fuzz: deps
 
 demo: deps
 	@$(MAKE) --no-print-directory all
-	@sh contrib/demo.sh
+	@PYTHONPATH=contrib/python STOCKADE_BIN=$(CURDIR)/stockade $(PYTHON) contrib/demo.py
 
 clean:
 	rm -rf build stockade

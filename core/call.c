@@ -1,5 +1,6 @@
 #include "call.h"
 #include "policy.h"
+#include "sandbox.h"
 #include "session.h"
 
 #include <errno.h>
@@ -69,6 +70,7 @@ static void stop_io(struct call *c)
     ev_timer_stop(c->loop, &c->deadline_timer);
     ev_timer_stop(c->loop, &c->grace_timer);
     ev_timer_stop(c->loop, &c->answer_timer);
+    ev_timer_stop(c->loop, &c->quiet_timer);
     close_quietly(&c->out.fd);
     close_quietly(&c->err.fd);
     close_quietly(&c->child.stdin_fd);
@@ -202,14 +204,17 @@ static void deliver_sink(void *ud, const char *data, size_t n)
 }
 
 /* Bytes (or the end) of one stream through the tool's redaction chain, then onwards. */
-static void redact_feed(struct call *c, enum call_stream s, const char *data, size_t n, bool eof)
+static void redact_feed(struct call *c, enum call_stream s, const char *data, size_t n,
+                        enum redact_mode mode)
 {
     struct call_stream_state *st = s == CALL_STDOUT ? &c->out : &c->err;
     struct deliver_target target = {c, s};
     policy_redact_feed(c->policy, c->tool, s == CALL_STDOUT ? "stdout" : "stderr",
-                       c->session->id, &st->carry, data, n, eof, &c->result.redactions,
+                       c->session->id, &st->carry, data, n, mode, &c->result.redactions,
                        deliver_sink, &target);
 }
+
+#define REDACT_QUIET_MS 100
 
 static void capture(struct call *c, enum call_stream s, const char *data, size_t n)
 {
@@ -217,7 +222,23 @@ static void capture(struct call *c, enum call_stream s, const char *data, size_t
         deliver(c, s, data, n);
         return;
     }
-    redact_feed(c, s, data, n, false);
+    redact_feed(c, s, data, n, REDACT_MORE);
+    /* Once the tool has been quiet a moment, what redaction holds back goes out, up to
+     * the first place a secret could begin: a streamed prompt or progress line is not
+     * stuck behind a window that never fills, and a secret split by a pause still is. */
+    if (c->out.carry.len || c->err.carry.len)
+        ev_timer_again(c->loop, &c->quiet_timer);
+}
+
+static void on_quiet(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct call *c = w->data;
+    ev_timer_stop(c->loop, w);
+    if (c->out.carry.len)
+        redact_feed(c, CALL_STDOUT, NULL, 0, REDACT_QUIET);
+    if (c->err.carry.len)
+        redact_feed(c, CALL_STDERR, NULL, 0, REDACT_QUIET);
 }
 
 static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
@@ -237,7 +258,7 @@ static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
             return;
         /* EOF (or a broken pipe, which is the same to us): what was held goes now */
         if (c->tool->redact_active)
-            redact_feed(c, is_out ? CALL_STDOUT : CALL_STDERR, NULL, 0, true);
+            redact_feed(c, is_out ? CALL_STDOUT : CALL_STDERR, NULL, 0, REDACT_EOF);
         ev_io_stop(c->loop, w);
         close_quietly(&st->fd);
         st->eof = true;
@@ -548,6 +569,8 @@ bool call_decide(struct policy *policy, const char *session_id, const char *sess
     return true;
 }
 
+static const char *const strict_tmp_paths[] = {"/tmp", "/var/tmp", NULL};
+
 struct call *call_start(struct ev_loop *loop, struct policy *policy, struct session *session,
                         struct call_request *req, call_done_fn on_done,
                         call_output_fn on_output, void *ud)
@@ -569,8 +592,9 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
     ev_timer_init(&c->timeout_timer, on_timeout, 0, 0);
     ev_timer_init(&c->deadline_timer, on_deadline, 0, 0);
     ev_timer_init(&c->grace_timer, on_grace, 0, 0);
+    ev_timer_init(&c->quiet_timer, on_quiet, 0, REDACT_QUIET_MS / 1000.0);
     c->answer_timer.data = c->timeout_timer.data = c->deadline_timer.data = c;
-    c->grace_timer.data = c;
+    c->grace_timer.data = c->quiet_timer.data = c;
 
     struct call_decision d;
     if (!call_decide(policy, session->id, session->root, &c->req, &d))
@@ -609,8 +633,16 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
             .processes = lim->processes,
         },
         .with_stdin = c->req.stdin_len > 0,
+        .landlock = true,
+        .seccomp = true,
+        .net_closed = session->net_closed,
+        .session_root = session->root,
+        /* inside a zygote /tmp and /var/tmp are binds of the session's tmp, which
+         * Landlock sees as paths of their own */
+        .rw_paths = session->zygote ? strict_tmp_paths : NULL,
     };
-    int rc = spawn_start(&sr, &c->child);
+    int rc = session->zygote ? zygote_spawn(session->zygote, &sr, &c->child)
+                             : spawn_start(&sr, &c->child);
     int spawn_errno = errno;
     free(argv);
     free_strv(envp);
@@ -686,6 +718,19 @@ void call_free(struct call *c)
     buf_free(&c->err.tail);
     policy_unref(c->policy);
     free(c);
+}
+
+int call_session_prepare(struct session *s, const struct policy *p, char **err)
+{
+    s->net_closed = strcmp(p->network, "loopback") != 0;
+    if (strcmp(p->isolation, "strict") != 0)
+        return 0;
+    struct zygote_config zc = {
+        .state_dir = s->state_dir, .session_root = s->root, .mounts = p->mounts,
+        .nmounts = p->nmounts, .loopback_up = !s->net_closed,
+    };
+    s->zygote = zygote_start(&zc, err);
+    return s->zygote ? 0 : -1;
 }
 
 int call_exit_status(const struct call_result *r)

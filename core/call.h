@@ -101,6 +101,7 @@ struct call {
     size_t stdin_off;
 
     ev_timer timeout_timer, deadline_timer, grace_timer, answer_timer;
+    ev_timer quiet_timer;               /* flushes what redaction holds back */
     int64_t started_ms, timeout_ms;
     enum call_class kill_class;         /* why we ended it, CLASS_OK if we did not */
     const char *kill_layer;
@@ -139,6 +140,10 @@ void call_stop(struct call *c, enum call_class class, const char *layer, const c
 void call_pause_output(struct call *c, bool pause);
 /* Release everything; only after on_done. */
 void call_free(struct call *c);
+
+/* Give a new session what its policy's isolation needs (strict: its zygote, with the
+ * namespaces and mount tree built). 0, or -1 and *err. */
+int call_session_prepare(struct session *s, const struct policy *p, char **err);
 
 /* The exit status convention of `stockade run` (timeout(1) and env(1)). */
 int call_exit_status(const struct call_result *r);

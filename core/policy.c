@@ -16,6 +16,7 @@
 #include <sys/syscall.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -507,6 +508,30 @@ static void read_settings(struct policy *p, int t)
     li->lua_instructions = get_int(L, t, "limits", "lua_instructions");
     p->name = get_str(L, t, "name", "unnamed");
     p->isolation = get_str(L, t, "isolation", "process");
+    lua_getfield(L, t, "network");
+    p->network = lua_isstring(L, -1) ? xstrdup(lua_tostring(L, -1)) : xstrdup("allowlist");
+    lua_pop(L, 1);
+    /* mounts: { {"/host/src", "dest/in/root", ro = true}, ... } */
+    lua_getfield(L, t, "mounts");
+    size_t nm = lua_istable(L, -1) ? lua_rawlen(L, -1) : 0;
+    p->mounts = xcalloc(nm + 1, sizeof *p->mounts);
+    for (size_t i = 0; i < nm; i++) {
+        lua_rawgeti(L, -1, (lua_Integer)i + 1);
+        if (lua_istable(L, -1)) {
+            lua_rawgeti(L, -1, 1);
+            lua_rawgeti(L, -2, 2);
+            lua_getfield(L, -3, "ro");
+            if (lua_isstring(L, -3) && lua_isstring(L, -2)) {
+                struct sandbox_mount *m = &p->mounts[p->nmounts++];
+                m->src = xstrdup(lua_tostring(L, -3));
+                m->dest = xstrdup(lua_tostring(L, -2));
+                m->ro = lua_toboolean(L, -1);
+            }
+            lua_pop(L, 3);
+        }
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
     lua_getfield(L, t, "env");
     p->env_path = get_str(L, lua_gettop(L), "path", "/usr/bin:/bin");
     lua_getfield(L, -1, "allow");
@@ -645,18 +670,10 @@ static enum policy_rc init_engine(struct policy *p, char **err)
         lua_getfield(L, -3, "lua_always");
         d->redact_lua_always = lua_toboolean(L, -1);
         lua_getfield(L, -4, "prefixes");
-        size_t n = lua_rawlen(L, -1);
-        d->redact_prefixes = xcalloc(n + 1, sizeof *d->redact_prefixes);
-        for (size_t j = 0; j < n; j++) {
-            lua_rawgeti(L, -1, (lua_Integer)j + 1);
-            size_t plen;
-            const char *s = lua_tolstring(L, -1, &plen);
-            d->redact_prefixes[j] = xstrdup(s ? s : "");
-            if (plen > d->redact_max_prefix)
-                d->redact_max_prefix = plen;
-            lua_pop(L, 1);
-        }
-        lua_pop(L, 5);
+        d->redact_prefixes = read_strv(L, -1);
+        lua_getfield(L, -5, "iprefixes");
+        d->redact_iprefixes = read_strv(L, -1);
+        lua_pop(L, 6);
     }
     lua_pop(L, 1);
     return POLICY_OK;
@@ -771,6 +788,7 @@ void policy_unref(struct policy *p)
         free(p->tools[i].owner);
         free(p->tools[i].where);
         free_strv(p->tools[i].redact_prefixes);
+        free_strv(p->tools[i].redact_iprefixes);
         free_strv(p->tools[i].env_allow);
     }
     free(p->tools);
@@ -779,6 +797,12 @@ void policy_unref(struct policy *p)
     free(p->path);
     free(p->name);
     free(p->isolation);
+    free(p->network);
+    for (size_t i = 0; i < p->nmounts; i++) {
+        free((char *)p->mounts[i].src);
+        free((char *)p->mounts[i].dest);
+    }
+    free(p->mounts);
     free(p->env_path);
     free_strv(p->env_allow);
     free_strv(p->env_deny);
@@ -1035,9 +1059,12 @@ static void push_engine_call(lua_State *L, const char *fn, const struct tool_def
     lua_pushstring(L, t->name);
 }
 
+static const char *const redact_modes[] = {"more", "eof", "quiet"};
+
 enum policy_rc policy_redact(struct policy *p, const struct tool_def *t, const char *stream,
-                             const char *session_id, const char *text, size_t len, bool eof,
-                             struct buf *out, size_t *consumed, int64_t *count)
+                             const char *session_id, const char *text, size_t len,
+                             enum redact_mode mode, struct buf *out, size_t *consumed,
+                             int64_t *count)
 {
     lua_State *L = p->L;
     int top = lua_gettop(L);
@@ -1045,7 +1072,7 @@ enum policy_rc policy_redact(struct policy *p, const struct tool_def *t, const c
     lua_pushstring(L, stream);
     lua_pushstring(L, session_id ? session_id : "");
     lua_pushlstring(L, text, len);
-    lua_pushboolean(L, eof);
+    lua_pushstring(L, redact_modes[mode]);
     enum policy_rc rc = policy_pcall(p, 6, 3, "redact", NULL);
     if (rc == POLICY_OK) {
         size_t olen;
@@ -1252,18 +1279,55 @@ char *policy_env_check(const struct policy *p, const struct tool_def *t, const c
     return NULL;
 }
 
+/* memmem, ASCII case-insensitively; `needle` is lower case. */
+static bool contains_ci(const char *hay, size_t len, const char *needle)
+{
+    size_t n = strlen(needle);
+    if (n == 0 || n > len)
+        return false;
+    char first = needle[0], up = (char)(first >= 'a' && first <= 'z' ? first - 32 : first);
+    for (size_t i = 0; i + n <= len; i++) {
+        if ((hay[i] == first || hay[i] == up) && strncasecmp(hay + i, needle, n) == 0)
+            return true;
+    }
+    return false;
+}
+
 static bool has_prefix(const struct tool_def *t, const char *text, size_t len)
 {
     for (char **p = t->redact_prefixes; p && *p; p++)
         if (memmem(text, len, *p, strlen(*p)))
             return true;
+    for (char **p = t->redact_iprefixes; p && *p; p++)
+        if (contains_ci(text, len, *p))
+            return true;
     return false;
+}
+
+/* The longest tail of text that is the beginning of some redactor's prefix. */
+static size_t partial_prefix_tail(const struct tool_def *t, const char *text, size_t len)
+{
+    size_t hold = 0;
+    for (int ci = 0; ci < 2; ci++) {
+        for (char **p = ci ? t->redact_iprefixes : t->redact_prefixes; p && *p; p++) {
+            size_t plen = strlen(*p);
+            for (size_t k = plen - 1 < len ? plen - 1 : len; k > hold; k--) {
+                const char *tail = text + len - k;
+                if (ci ? strncasecmp(tail, *p, k) == 0 : memcmp(tail, *p, k) == 0) {
+                    hold = k;
+                    break;
+                }
+            }
+        }
+    }
+    return hold;
 }
 
 void policy_redact_feed(struct policy *p, const struct tool_def *t, const char *stream,
                         const char *session_id, struct buf *carry, const char *data, size_t n,
-                        bool eof, int64_t *count, redact_sink sink, void *ud)
+                        enum redact_mode mode, int64_t *count, redact_sink sink, void *ud)
 {
+    bool eof = mode == REDACT_EOF;
     if (n)
         buf_append(carry, data, n);
     if (carry->len == 0)
@@ -1271,15 +1335,15 @@ void policy_redact_feed(struct policy *p, const struct tool_def *t, const char *
     size_t used;
     if (!t->redact_lua_always && !has_prefix(t, carry->data, carry->len)) {
         /* no literal prefix of any redactor: nothing to find, except a prefix that the
-         * next read completes, so the last prefix-1 bytes wait */
-        size_t hold = eof ? 0 : t->redact_max_prefix ? t->redact_max_prefix - 1 : 0;
-        used = carry->len > hold ? carry->len - hold : 0;
+         * next read completes, so only a tail that starts one waits */
+        size_t hold = eof ? 0 : partial_prefix_tail(t, carry->data, carry->len);
+        used = carry->len - hold;
         sink(ud, carry->data, used);
     } else {
         struct buf out = {0};
         used = 0;
         enum policy_rc rc = policy_redact(p, t, stream, session_id, carry->data, carry->len,
-                                          eof, &out, &used, count);
+                                          mode, &out, &used, count);
         if (rc != POLICY_OK) {
             /* fail closed: what could not be checked does not leave */
             static const char withheld[] = "[stockade: output withheld: redaction failed]\n";

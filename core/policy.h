@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sandbox.h"
 #include "util.h"
 
 struct policy_timeouts {
@@ -39,8 +40,8 @@ struct tool_def {
     bool redact_active;
     bool redact_lua_always;     /* a redactor without prefix, or a function */
     char **redact_prefixes;     /* NULL-terminated */
+    char **redact_iprefixes;    /* the same, ASCII case-insensitive, lower-cased */
     char **env_allow;           /* names this tool may receive, besides the policy's */
-    size_t redact_max_prefix;
     size_t redact_window;
 };
 
@@ -51,7 +52,10 @@ struct policy {
     char *path;
     char sha256[65];            /* of the policy file's text, hex */
     char *name;
-    char *isolation;
+    char *isolation;            /* "strict" or "process" */
+    char *network;              /* "none", "loopback" or "allowlist" */
+    struct sandbox_mount *mounts;
+    size_t nmounts;
     char *env_path;
     char **env_allow, **env_deny;   /* names; deny entries are globs */
     struct policy_timeouts timeouts;
@@ -111,9 +115,15 @@ bool policy_classify(struct policy *p, const struct tool_def *t,
 
 /* One step of streaming redaction (see lua/engine.lua E.redact): appends the redacted
  * text to out, says how many input bytes it covers. Not OK: withhold the chunk. */
+enum redact_mode {
+    REDACT_MORE,    /* more output may follow */
+    REDACT_EOF,     /* the stream ended: everything goes, redacted */
+    REDACT_QUIET,   /* the tool went quiet: release what cannot start a secret */
+};
 enum policy_rc policy_redact(struct policy *p, const struct tool_def *t, const char *stream,
-                             const char *session_id, const char *text, size_t len, bool eof,
-                             struct buf *out, size_t *consumed, int64_t *count);
+                             const char *session_id, const char *text, size_t len,
+                             enum redact_mode mode, struct buf *out, size_t *consumed,
+                             int64_t *count);
 
 /* Streaming redaction for one stream: data (or, with eof, the end) goes in; redacted
  * text comes out through sink, in order. `carry` holds what may still be the start of a
@@ -121,7 +131,7 @@ enum policy_rc policy_redact(struct policy *p, const struct tool_def *t, const c
 typedef void (*redact_sink)(void *ud, const char *data, size_t n);
 void policy_redact_feed(struct policy *p, const struct tool_def *t, const char *stream,
                         const char *session_id, struct buf *carry, const char *data, size_t n,
-                        bool eof, int64_t *count, redact_sink sink, void *ud);
+                        enum redact_mode mode, int64_t *count, redact_sink sink, void *ud);
 
 /* Structured args -> argv: schema-validated, then the tool's argv hook. */
 struct msgpack_object;

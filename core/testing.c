@@ -220,10 +220,10 @@ static int l_redact(lua_State *L)
         for (size_t off = 0; off < len; off += chunk) {
             size_t n = len - off < chunk ? len - off : chunk;
             policy_redact_feed(h->policy, t, stream, "test-session", &carry, text + off, n,
-                               false, &count, append_sink, &out);
+                               REDACT_MORE, &count, append_sink, &out);
         }
-        policy_redact_feed(h->policy, t, stream, "test-session", &carry, NULL, 0, true, &count,
-                           append_sink, &out);
+        policy_redact_feed(h->policy, t, stream, "test-session", &carry, NULL, 0, REDACT_EOF,
+                           &count, append_sink, &out);
     } else {
         buf_append(&out, text, len);
     }

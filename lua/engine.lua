@@ -36,7 +36,12 @@ local function add_redactors(out, r, where)
       if r.prefix ~= nil and (type(r.prefix) ~= "string" or #r.prefix == 0) then
         error(where .. ": prefix must be a non-empty string", 0)
       end
+      -- iprefix: the same, compared without regard to ASCII case (HTTP header names)
+      if r.iprefix ~= nil and (type(r.iprefix) ~= "string" or #r.iprefix == 0) then
+        error(where .. ": iprefix must be a non-empty string", 0)
+      end
       out[#out + 1] = { kind = "pattern", pattern = r.pattern, prefix = r.prefix,
+                        iprefix = r.iprefix and r.iprefix:lower(),
                         replace = r.replace or "[REDACTED]", window = window,
                         name = r.name or where }
     end
@@ -82,14 +87,20 @@ function E.init(P, env)
     local chain = {}
     for _, r in ipairs(global) do chain[#chain + 1] = r end
     if tool.redact then add_redactors(chain, tool.redact, "tools." .. name .. ".redact") end
-    local window, prefixes, lua_always = 1, {}, false
+    local window, prefixes, iprefixes, lua_always = 1, {}, {}, false
     for _, r in ipairs(chain) do
       if r.window > window then window = r.window end
-      if r.prefix then prefixes[#prefixes + 1] = r.prefix else lua_always = true end
+      if r.prefix then
+        prefixes[#prefixes + 1] = r.prefix
+      elseif r.iprefix then
+        iprefixes[#iprefixes + 1] = r.iprefix
+      else
+        lua_always = true
+      end
     end
     tool._chain = chain
-    info[name] = { window = window, prefixes = prefixes, lua_always = lua_always,
-                   active = #chain > 0 }
+    info[name] = { window = window, prefixes = prefixes, iprefixes = iprefixes,
+                   lua_always = lua_always, active = #chain > 0 }
   end
   return info
 end
@@ -100,8 +111,12 @@ local function apply(chain, text, ctx)
   for _, r in ipairs(chain) do
     local n = 0
     if r.kind == "pattern" then
-      if not r.prefix or text:find(r.prefix, 1, true) then
-        text, n = text:gsub(r.pattern, (r.replace:gsub("%%", "%%%%")))
+      if (r.prefix and text:find(r.prefix, 1, true)) or
+         (r.iprefix and text:lower():find(r.iprefix, 1, true)) or
+         (not r.prefix and not r.iprefix) then
+        -- replace is a gsub replacement: %1 puts a capture back (url-password keeps the
+        -- user, the Authorization rules keep the header)
+        text, n = text:gsub(r.pattern, r.replace)
       end
     elseif r.kind == "literal" then
       local parts, init = {}, 1
@@ -148,16 +163,49 @@ local function adjust_cut(r, text, cut)
   end
 end
 
+-- Where, in text, a redactor of the chain could still begin a match: the first
+-- occurrence of a literal prefix, or a tail that is the start of one. nil: nowhere.
+local function first_possible_start(chain, text)
+  local first
+  local lower
+  for _, r in ipairs(chain) do
+    local p, plain_text = r.prefix, text
+    if not p and r.iprefix then
+      lower = lower or text:lower()
+      p, plain_text = r.iprefix, lower
+    end
+    if p then
+      local a = plain_text:find(p, 1, true)
+      if not a then
+        for k = math.min(#p - 1, #text), 1, -1 do
+          if plain_text:sub(-k) == p:sub(1, k) then a = #text - k + 1 break end
+        end
+      end
+      if a and (not first or a < first) then first = a end
+    end
+  end
+  return first
+end
+
 -- One step of streaming redaction: `text` is what the core held back plus the new
 -- chunk. Returns the redacted text to emit, how many input bytes it covers (the rest
--- is held for the next call) and the number of redactions.
-function E.redact(P, toolname, stream, session, text, eof)
+-- is held for the next call) and the number of redactions. mode: "more" (more may
+-- come), "eof" (the stream ended), "quiet" (the tool went quiet: release what cannot
+-- be the start of a secret, keep what can).
+function E.redact(P, toolname, stream, session, text, mode)
   local tool = P.tools[toolname]
   local chain = tool._chain
   local ctx = { stream = stream, tool = toolname, session = session }
-  if eof or #chain == 0 then
+  if mode == "eof" or #chain == 0 then
     local out, n = apply(chain, text, ctx)
     return out, #text, n
+  end
+  if mode == "quiet" then
+    local start = first_possible_start(chain, text)
+    local cut = start and start - 1 or #text
+    if cut <= 0 then return "", 0, 0 end
+    local out, n = apply(chain, text:sub(1, cut), ctx)
+    return out, cut, n
   end
   local window = 1
   for _, r in ipairs(chain) do if r.window > window then window = r.window end end

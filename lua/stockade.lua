@@ -173,7 +173,24 @@ end
 local POLICY = {
   name = is_string, isolation = one_of("strict", "process"), timeouts = TIMEOUTS,
   limits = LIMITS, env = { path = is_string, allow = list_of_strings, deny = list_of_strings },
-  mounts = is_table, network = network, redact = is_table, tools = is_table,
+  mounts = function(v, at, field)
+    is_table(v, at, field)
+    for i, m in ipairs(v) do
+      local f = field .. "[" .. i .. "]"
+      if type(m) ~= "table" or type(m[1]) ~= "string" or type(m[2]) ~= "string" then
+        fail(at, "%s: expected { \"/host/path\", \"dest/in/root\", ro = bool }", f)
+      end
+      if m[1]:sub(1, 1) ~= "/" then fail(at, "%s: the host path must be absolute", f) end
+      if m[2]:sub(1, 1) == "/" or m[2]:find("%.%.") then
+        fail(at, "%s: the destination is relative to the session root, without ..", f)
+      end
+      for k in pairs(m) do
+        if k ~= 1 and k ~= 2 and k ~= "ro" then fail(at, "%s: unknown field %s", f, tostring(k)) end
+      end
+    end
+    return v
+  end,
+  network = network, redact = is_table, tools = is_table,
 }
 
 function M.policy(t)

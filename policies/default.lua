@@ -1,6 +1,7 @@
 -- The default policy: deny by default. Only the tools below exist; anything else is a
 -- POLICY_VIOLATION and no process is started. A small registry for demos and tests.
 local stockade = require "stockade"
+local secrets = require "plugins.secrets"
 
 local function tool(path, timeout, extra)
   local t = { path = path, owner = "platform-team", timeout = timeout,
@@ -24,6 +25,8 @@ return stockade.policy {
   },
   env = { path = "/usr/bin:/bin", allow = { "LANG", "TZ" }, deny = { "*_TOKEN", "AWS_*" } },
   network = "none",
+  -- secrets never reach the model: redacted from every output, even split across reads
+  redact = { secrets.default },
 
   tools = {
     -- read-only helpers: safe to retry

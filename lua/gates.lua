@@ -1,0 +1,1267 @@
+-- gates.lua: the policy gates for CI, `stockade check|diff|dry-run|budget ARGS...`.
+--
+-- Run by core/testing.c (cli_gate) in a full Lua 5.4 state, with `stockade.testing`
+-- preloaded, as  gates(command, args, self_exe)  and returns the exit status:
+--
+--   check [POLICY...]                        0 all clean, 1 a problem (one line each)
+--   diff OLD NEW [--json] [--fail-on-widen]  1 an added tool lacks schema/owner/timeout,
+--                                            or (with --fail-on-widen) anything widened
+--   dry-run [POLICY]                         1 a probe wrote outside its root or failed
+--   budget [POLICY] [--json]                 1 the fuse is not below idle_shutdown
+--   (2 for a usage error)
+--
+-- Everything is read from the normalized policy (testing.load(path):describe()):
+-- durations in ms, sizes in bytes, hooks as {kind = "function", where, source}. Problem
+-- lines are "FILE:LINE: tool NAME: message" or "FILE:LINE: policy: message", the LINE
+-- being the tool's stockade.tool{} call (its `at`) or, for policy-wide problems, the
+-- line of the offending field when it can be found in the text, else stockade.policy{}.
+local command, args, self = ...
+args = args or {}
+self = (self and self ~= "") and self or "stockade"
+
+local testing = require "stockade.testing"
+
+local EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+-- ---- small helpers ------------------------------------------------------------------
+
+local function printf(fmt, ...) io.stdout:write(string.format(fmt, ...)) end
+local function eprintf(fmt, ...) io.stderr:write(string.format(fmt, ...)) end
+
+local function q(s)                       -- a shell word
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+local function sh(cmd)                    -- output, exit code
+  local f = assert(io.popen(cmd, "r"))
+  local out = f:read("a") or ""
+  local _, how, code = f:close()
+  if how == "signal" then code = 128 + (code or 0) end
+  return out, code or 0
+end
+
+local function dirname(p)
+  local d = p:match("^(.*)/[^/]*$")
+  if d == nil then return "." end
+  if d == "" then return "/" end
+  return d
+end
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t or {}) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b)
+    if type(a) == type(b) then return a < b end
+    return type(a) == "number"
+  end)
+  return keys
+end
+
+local function is_list(t)
+  if type(t) ~= "table" then return false end
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  return n == #t
+end
+
+local function is_hook(v) return type(v) == "table" and v.kind == "function" end
+
+-- Deep equality; hooks compare by source text (not by where they sit in the file).
+local function same(a, b)
+  if is_hook(a) and is_hook(b) then return a.source == b.source end
+  if type(a) ~= "table" or type(b) ~= "table" then return a == b end
+  for k, v in pairs(a) do if not same(v, b[k]) then return false end end
+  for k in pairs(b) do if a[k] == nil then return false end end
+  return true
+end
+
+local function fmt_ms(ms)
+  if type(ms) ~= "number" then return tostring(ms) end
+  if ms ~= 0 and ms % 60000 == 0 then return string.format("%dm", ms // 60000) end
+  if ms ~= 0 and ms % 1000 == 0 then return string.format("%ds", ms // 1000) end
+  return string.format("%dms", ms)
+end
+
+local function fmt_size(n)
+  if type(n) ~= "number" then return tostring(n) end
+  for _, u in ipairs { { 1 << 40, "TiB" }, { 1 << 30, "GiB" }, { 1 << 20, "MiB" },
+                       { 1 << 10, "KiB" } } do
+    if n ~= 0 and n % u[1] == 0 then return string.format("%d%s", n // u[1], u[2]) end
+  end
+  return string.format("%d", n)
+end
+
+local SIZE_LIMITS = { memory = true, file_size = true, output = true, stdin = true,
+                      argv_bytes = true, lua_memory = true }
+
+local function fmt_limit(k, v) return SIZE_LIMITS[k] and fmt_size(v) or tostring(v) end
+
+-- JSON: an encoder with sorted keys (stable output) and a decoder for `run --json`.
+local json = {}
+local ARRAY = {}
+local function array(t) return setmetatable(t or {}, ARRAY) end
+
+local function json_str(s)
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    local named = { ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\t"] = "\\t",
+                    ["\r"] = "\\r", ["\b"] = "\\b", ["\f"] = "\\f" }
+    return named[c] or string.format("\\u%04x", c:byte())
+  end) .. '"'
+end
+
+function json.encode(v, indent, pad)
+  pad = pad or ""
+  local t = type(v)
+  if v == nil then return "null" end
+  if t == "boolean" then return tostring(v) end
+  if t == "number" then
+    if math.type(v) == "integer" then return string.format("%d", v) end
+    if v ~= v or v == math.huge or v == -math.huge then return "null" end
+    return string.format("%.17g", v)
+  end
+  if t == "string" then return json_str(v) end
+  if t ~= "table" then return json_str(tostring(v)) end
+  local inner = indent and (pad .. indent) or ""
+  local nl = indent and "\n" or ""
+  local sep = indent and ": " or ":"
+  local parts = {}
+  if getmetatable(v) == ARRAY or (#v > 0 and is_list(v)) then
+    for _, x in ipairs(v) do parts[#parts + 1] = inner .. json.encode(x, indent, inner) end
+    if #parts == 0 then return "[]" end
+    return "[" .. nl .. table.concat(parts, "," .. nl) .. nl .. (indent and pad or "") .. "]"
+  end
+  for _, k in ipairs(sorted_keys(v)) do
+    parts[#parts + 1] = inner .. json_str(tostring(k)) .. sep .. json.encode(v[k], indent, inner)
+  end
+  if #parts == 0 then return "{}" end
+  return "{" .. nl .. table.concat(parts, "," .. nl) .. nl .. (indent and pad or "") .. "}"
+end
+
+function json.decode(s)
+  local i = 1
+  local function ws() i = s:find("[^ \t\r\n]", i) or #s + 1 end
+  local value
+  local function str()
+    local out = {}
+    i = i + 1
+    while true do
+      local c = s:sub(i, i)
+      if c == "" then error("unterminated string") end
+      if c == '"' then i = i + 1; break end
+      if c == "\\" then
+        local e = s:sub(i + 1, i + 1)
+        local map = { b = "\b", f = "\f", n = "\n", r = "\r", t = "\t" }
+        if e == "u" then
+          local cp = tonumber(s:sub(i + 2, i + 5), 16)
+          if not cp then error("bad \\u escape") end
+          i = i + 6
+          if cp >= 0xD800 and cp <= 0xDBFF and s:sub(i, i + 1) == "\\u" then
+            local lo = tonumber(s:sub(i + 2, i + 5), 16)
+            if lo and lo >= 0xDC00 and lo <= 0xDFFF then
+              cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00)
+              i = i + 6
+            end
+          end
+          out[#out + 1] = utf8.char(cp)
+        else
+          out[#out + 1] = map[e] or e
+          i = i + 2
+        end
+      else
+        local j = s:find('["\\]', i) or #s + 1
+        out[#out + 1] = s:sub(i, j - 1)
+        i = j
+      end
+    end
+    return table.concat(out)
+  end
+  function value()
+    ws()
+    local c = s:sub(i, i)
+    if c == "{" then
+      local t = {}
+      i = i + 1; ws()
+      if s:sub(i, i) == "}" then i = i + 1; return t end
+      while true do
+        ws()
+        if s:sub(i, i) ~= '"' then error("expected a key at " .. i) end
+        local k = str(); ws()
+        if s:sub(i, i) ~= ":" then error("expected ':' at " .. i) end
+        i = i + 1
+        t[k] = value(); ws()
+        local d = s:sub(i, i); i = i + 1
+        if d == "}" then return t end
+        if d ~= "," then error("expected ',' or '}' at " .. (i - 1)) end
+      end
+    elseif c == "[" then
+      local t = array()
+      i = i + 1; ws()
+      if s:sub(i, i) == "]" then i = i + 1; return t end
+      while true do
+        t[#t + 1] = value(); ws()
+        local d = s:sub(i, i); i = i + 1
+        if d == "]" then return t end
+        if d ~= "," then error("expected ',' or ']' at " .. (i - 1)) end
+      end
+    elseif c == '"' then
+      return str()
+    elseif s:sub(i, i + 3) == "true" then i = i + 4; return true
+    elseif s:sub(i, i + 4) == "false" then i = i + 5; return false
+    elseif s:sub(i, i + 3) == "null" then i = i + 4; return nil
+    else
+      local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", i)
+      if not num or num == "" then error("unexpected '" .. c .. "' at " .. i) end
+      i = i + #num
+      return math.tointeger(tonumber(num)) or tonumber(num)
+    end
+  end
+  local ok, v = pcall(value)
+  if not ok then return nil, v end
+  return v
+end
+
+-- An aligned table: rows of strings, the first row the header.
+local function print_table(rows, indent)
+  local widths = {}
+  for _, r in ipairs(rows) do
+    for c, cell in ipairs(r) do widths[c] = math.max(widths[c] or 0, utf8.len(cell) or #cell) end
+  end
+  for _, r in ipairs(rows) do
+    local cells = {}
+    for c, cell in ipairs(r) do
+      cells[c] = c < #r and cell .. string.rep(" ", widths[c] - (utf8.len(cell) or #cell)) or cell
+    end
+    printf("%s%s\n", indent or "", (table.concat(cells, "  "):gsub("%s+$", "")))
+  end
+end
+
+-- A deny glob ("*_TOKEN", "AWS_*"; only "*" is special) as an anchored Lua pattern.
+local function glob_pattern(glob)
+  local parts = {}
+  for piece in (glob .. "*"):gmatch("([^*]*)%*") do
+    parts[#parts + 1] = piece:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0")
+  end
+  return "^" .. table.concat(parts, ".*") .. "$"
+end
+
+local function default_policy()
+  local env = os.getenv("STOCKADE_POLICY")
+  if env and env ~= "" then return env end
+  return "/etc/stockade/policy.lua"
+end
+
+-- Support files beside the binary (a build tree: ./stockade next to lua/ and plugins/),
+-- else the installed set.
+local function support_file(rel)
+  for _, base in ipairs { dirname(self), "/usr/share/stockade", "/usr/local/share/stockade" } do
+    local p = base .. "/" .. rel
+    if read_file(p) then return p end
+  end
+end
+
+local schema_mod, schema_err
+local function schema_checker()
+  if schema_mod ~= nil or schema_err then return schema_mod end
+  local ok, m = pcall(require, "stockade.schema")
+  if ok and type(m) == "table" and m.check_schema then schema_mod = m; return m end
+  local path = support_file("lua/schema.lua")
+  if path then
+    local ok2, m2 = pcall(dofile, path)
+    if ok2 and type(m2) == "table" and m2.check_schema then schema_mod = m2; return m2 end
+    schema_err = path .. ": " .. tostring(m2)
+  else
+    schema_err = "lua/schema.lua not found beside " .. self .. " nor in /usr/share/stockade"
+  end
+  return nil
+end
+
+local secret_patterns, secrets_err
+local function secret_set(policy_file)
+  if secret_patterns or secrets_err then return secret_patterns end
+  local path = support_file("plugins/secrets.lua")
+  if not path and policy_file then
+    for _, p in ipairs { dirname(policy_file) .. "/../plugins/secrets.lua",
+                         dirname(policy_file) .. "/plugins/secrets.lua" } do
+      if read_file(p) then path = p; break end
+    end
+  end
+  if not path then
+    secrets_err = "plugins/secrets.lua not found beside " .. self .. " nor in /usr/share/stockade"
+    return nil
+  end
+  local ok, m = pcall(dofile, path)
+  if not ok or type(m) ~= "table" or type(m.default) ~= "table" then
+    secrets_err = path .. ": " .. tostring(m)
+    return nil
+  end
+  secret_patterns = m.default
+  return secret_patterns
+end
+
+-- Load and describe a policy; nil and the loader's message when it does not load.
+local function load_policy(path)
+  local ok, p = pcall(testing.load, path)
+  if not ok then return nil, tostring(p) end
+  local ok2, d = pcall(p.describe, p)
+  if not ok2 then return nil, tostring(d) end
+  d.tools = d.tools or {}
+  d.timeouts = d.timeouts or {}
+  d.limits = d.limits or {}
+  d.env = d.env or {}
+  d.file = d.file or path
+  return p, d
+end
+
+local function line_of(text, pattern, plain)
+  if not text then return nil end
+  local s = text:find(pattern, 1, plain)
+  if not s then return nil end
+  local _, n = text:sub(1, s):gsub("\n", "")
+  return n + 1
+end
+
+local function at_line(at) return tonumber((at or ""):match(":(%d+)$")) end
+
+-- ---- check --------------------------------------------------------------------------
+
+-- stat -L of several paths: path -> {mode, uid, type}; a missing path is absent.
+local function stat_paths(paths)
+  local out = {}
+  if #paths == 0 then return out end
+  local words = {}
+  for i, p in ipairs(paths) do words[i] = q(p) end
+  local text = sh("stat -L -c '%a %u %F|%n' -- " .. table.concat(words, " ") .. " 2>/dev/null")
+  for line in text:gmatch("[^\n]+") do
+    local mode, uid, ftype, name = line:match("^(%d+) (%d+) ([^|]*)|(.*)$")
+    if mode then
+      out[name] = { mode = tonumber(mode, 8), uid = tonumber(uid), type = ftype }
+    end
+  end
+  return out
+end
+
+local function realpath(p)
+  local out, code = sh("readlink -f -- " .. q(p) .. " 2>/dev/null")
+  out = out:gsub("\n$", "")
+  if code ~= 0 or out == "" then return nil end
+  return out
+end
+
+local function ancestors(p, into, seen)
+  local d = dirname(p)
+  while true do
+    if not seen[d] then seen[d] = true; into[#into + 1] = d end
+    if d == "/" then break end
+    d = dirname(d)
+  end
+end
+
+-- Is the binary safe from the tool uid: executable by it, not replaceable by it?
+local function check_binary(path, problem)
+  if path:sub(1, 1) ~= "/" then
+    problem("path %q is not absolute", path)
+    return
+  end
+  local real = realpath(path)
+  local dirs, seen = {}, {}
+  ancestors(path, dirs, seen)
+  if real and real ~= path then ancestors(real, dirs, seen) end
+  local list = { path }
+  if real and real ~= path then list[2] = real end
+  for _, d in ipairs(dirs) do list[#list + 1] = d end
+  local st = stat_paths(list)
+  local f = st[path]
+  if not f then
+    problem("path %s does not exist", path)
+    return
+  end
+  local shown = (real and real ~= path) and (path .. " (" .. real .. ")") or path
+  if not f.type:find("regular", 1, true) then
+    problem("path %s is a %s, not an executable file", shown, f.type)
+    return
+  end
+  if f.mode & 1 == 0 then
+    problem("path %s is not executable by the tool's uid (mode %04o)", shown, f.mode & 4095)
+  end
+  if f.mode & 18 ~= 0 then
+    problem("path %s is writable by %s (mode %04o): the tool could replace it", shown,
+            f.mode & 2 ~= 0 and "others" or "its group", f.mode & 4095)
+  end
+  if f.uid ~= 0 then
+    problem("path %s is owned by uid %d, not root: that user can replace it", shown, f.uid)
+  end
+  for _, d in ipairs(dirs) do
+    local s = st[d]
+    if s then
+      local sticky = s.mode & 512 ~= 0
+      if s.mode & 18 ~= 0 and not sticky then
+        problem("directory %s of path %s is writable by %s (mode %04o): the binary can be replaced",
+                d, path, s.mode & 2 ~= 0 and "others" or "its group", s.mode & 4095)
+      end
+      if s.uid ~= 0 then
+        problem("directory %s of path %s is owned by uid %d, not root: the binary can be replaced",
+                d, path, s.uid)
+      end
+    end
+  end
+end
+
+local function state_dirs()
+  local dirs = {}
+  local env = os.getenv("STOCKADE_STATE_DIR")
+  if env and env ~= "" then dirs[#dirs + 1] = env end
+  dirs[#dirs + 1] = "/var/lib/stockade"
+  local xdg = os.getenv("XDG_RUNTIME_DIR")
+  if xdg and xdg ~= "" then dirs[#dirs + 1] = xdg .. "/stockade" end
+  return dirs
+end
+
+local function inside(path, dir)
+  dir = dir:gsub("/+$", "")
+  return path == dir or path:sub(1, #dir + 1) == dir .. "/"
+end
+
+local function check_policy(path)
+  local p, d = load_policy(path)
+  if not p then
+    printf("%s\n", d)
+    return EXIT_FAIL
+  end
+  local file = d.file
+  local text = read_file(file)
+  local policy_line = at_line(d.at) or 1
+  local problems = {}
+  local function policy_problem(line, fmt, ...)
+    problems[#problems + 1] = string.format("%s:%d: policy: " .. fmt, file, line or policy_line, ...)
+  end
+  local T, L = d.timeouts, d.limits
+  local function tline(key)
+    return line_of(text, "%f[%w_]" .. key .. "%s*=") or policy_line
+  end
+
+  -- timeouts: call <= call_max <= fuse < idle_shutdown, grace < call
+  if T.call and T.call_max and T.call > T.call_max then
+    policy_problem(tline("call"), "timeouts.call %s is above timeouts.call_max %s",
+                   fmt_ms(T.call), fmt_ms(T.call_max))
+  end
+  if T.call_max and T.fuse and T.call_max > T.fuse then
+    policy_problem(tline("call_max"), "timeouts.call_max %s is above timeouts.fuse %s: one call "
+                   .. "could outlast the session", fmt_ms(T.call_max), fmt_ms(T.fuse))
+  end
+  if T.fuse and T.idle_shutdown and T.fuse >= T.idle_shutdown then
+    policy_problem(tline("fuse"), "timeouts.fuse %s is not below timeouts.idle_shutdown %s",
+                   fmt_ms(T.fuse), fmt_ms(T.idle_shutdown))
+  end
+  if T.grace and T.call and T.grace >= T.call then
+    policy_problem(tline("grace"), "timeouts.grace %s is not below timeouts.call %s",
+                   fmt_ms(T.grace), fmt_ms(T.call))
+  end
+
+  -- env: an allowed name that a deny glob refuses anyway is a contradiction
+  local deny = d.env.deny or {}
+  local function contradictions(names, report)
+    for _, name in ipairs(names or {}) do
+      for _, g in ipairs(deny) do
+        if tostring(name):find(glob_pattern(g)) then report(name, g); break end
+      end
+    end
+  end
+  contradictions(d.env.allow, function(name, g)
+    policy_problem(line_of(text, '"' .. name .. '"', true) or tline("allow"),
+                   "env.allow %s matches the deny glob %s: it is always refused", name, g)
+  end)
+
+  -- mounts: { "/host/path", "target", ro = bool }; the host path exists and is no
+  -- session's root
+  if d.mounts ~= nil then
+    if type(d.mounts) ~= "table" then
+      policy_problem(tline("mounts"), "mounts: expected a list of { HOST, TARGET, ro = bool }")
+    else
+      for i, m in ipairs(d.mounts) do
+        local host = type(m) == "table" and m[1]
+        local line = type(host) == "string" and line_of(text, '"' .. host .. '"', true)
+                     or tline("mounts")
+        if type(m) ~= "table" or type(m[1]) ~= "string" or type(m[2]) ~= "string" then
+          policy_problem(line, "mounts[%d]: expected { \"/host/path\", \"target\", ro = bool }", i)
+        else
+          local target = m[2]
+          if host:sub(1, 1) ~= "/" then
+            policy_problem(line, "mounts[%d]: host path %s is not absolute", i, host)
+          end
+          if target:sub(1, 1) == "/" or ("/" .. target .. "/"):find("/%.%./") then
+            policy_problem(line, "mounts[%d]: target %s must be relative to the session root "
+                           .. "without ..", i, target)
+          end
+          if m.ro ~= nil and type(m.ro) ~= "boolean" then
+            policy_problem(line, "mounts[%d]: ro must be a boolean", i)
+          end
+          local real = realpath(host)
+          if not stat_paths({ host })[host] then
+            policy_problem(line, "mounts[%d]: host path %s does not exist", i, host)
+          end
+          for _, sd in ipairs(state_dirs()) do
+            local roots = sd:gsub("/+$", "") .. "/sessions"
+            if inside(host, roots) or (real and inside(real, roots)) then
+              policy_problem(line, "mounts[%d]: host path %s is inside a session root (%s/...)",
+                             i, host, roots)
+              break
+            end
+          end
+        end
+      end
+    end
+  end
+
+  -- network: "none" | "loopback" | { allow = { "host:port", ... } }
+  if type(d.network) == "table" then
+    local allow = d.network.allow
+    if type(allow) ~= "table" or not is_list(allow) then
+      policy_problem(tline("network"), "network: expected { allow = { \"host:port\", ... } }")
+    else
+      for _, a in ipairs(allow) do
+        if type(a) ~= "string" or not a:match("^[^%s:]+:%d+$") then
+          policy_problem(tline("network"), "network.allow: %s is not host:port", tostring(a))
+        end
+      end
+    end
+  end
+
+  -- secret-looking literals in the policy text
+  local pats = secret_set(file)
+  if text and pats then
+    local found = {}
+    for _, r in ipairs(pats) do
+      if type(r) == "table" and type(r.pattern) == "string"
+         and (not r.prefix or text:find(r.prefix, 1, true)) then
+        local init = 1
+        while init <= #text do
+          local ok, s, e = pcall(string.find, text, r.pattern, init)
+          if not ok or not s then break end
+          local _, nl = text:sub(1, s):gsub("\n", "")
+          local line = nl + 1
+          if not found[line] then
+            found[line] = true
+            local col = s - ((text:sub(1, s):match(".*\n()") or 1)) + 1
+            policy_problem(line, "a secret-looking literal (%s) at column %d: keep secrets out "
+                           .. "of the policy (env or a secret store)", r.name or "secret", col)
+          end
+          init = math.max(e, s) + 1
+        end
+      end
+    end
+  elseif not pats then
+    eprintf("stockade check: warning: %s; secret literals not checked\n", secrets_err)
+  end
+
+  -- tools
+  local schemas = schema_checker()
+  if not schemas then
+    eprintf("stockade check: warning: %s; schemas checked for presence only\n", schema_err)
+  end
+  local names = sorted_keys(d.tools)
+  for _, name in ipairs(names) do
+    local t = d.tools[name]
+    local at = t.at or (file .. ":" .. policy_line)
+    local function problem(fmt, ...)
+      problems[#problems + 1] = string.format("%s: tool %s: " .. fmt, at, name, ...)
+    end
+    if type(t.path) ~= "string" or t.path == "" then
+      problem("no path")
+    else
+      check_binary(t.path, problem)
+    end
+    if type(t.owner) ~= "string" or t.owner == "" then problem("no owner") end
+    if type(t.schema) ~= "table" then
+      problem("no schema")
+    elseif schemas then
+      local ok, msg = schemas.check_schema(t.schema)
+      if not ok then problem("schema is not valid JSON Schema: %s", tostring(msg)) end
+    end
+    if type(t.output) == "table" and type(t.output.schema) == "table" and schemas then
+      local ok, msg = schemas.check_schema(t.output.schema)
+      if not ok then problem("output.schema is not valid JSON Schema: %s", tostring(msg)) end
+    end
+    if type(t.timeout) ~= "number" then
+      problem("no timeout (timeouts.call %s would apply)", fmt_ms(T.call))
+    else
+      if T.call_max and t.timeout > T.call_max then
+        problem("timeout %s is above timeouts.call_max %s", fmt_ms(t.timeout), fmt_ms(T.call_max))
+      end
+      if T.grace and T.grace >= t.timeout then
+        problem("timeouts.grace %s is not below the tool's timeout %s", fmt_ms(T.grace),
+                fmt_ms(t.timeout))
+      end
+    end
+    contradictions(t.env, function(n, g)
+      problem("env allows %s but the deny glob %s refuses it", n, g)
+    end)
+    if t.probe ~= nil then
+      local pr = t.probe
+      local argv_ok = type(pr.argv) == "table" and is_list(pr.argv)
+      if argv_ok then
+        for _, a in ipairs(pr.argv) do if type(a) ~= "string" then argv_ok = false end end
+      end
+      if (pr.argv ~= nil) == (pr.args ~= nil) or (pr.argv ~= nil and not argv_ok)
+         or (pr.args ~= nil and type(pr.args) ~= "table") then
+        problem("probe: expected { argv = { \"ARG\", ... } } or { args = {...} }")
+      else
+        local ok, r = pcall(p.decide, p, name, pr.argv or pr.args)
+        if not ok then
+          problem("probe: %s", tostring(r))
+        elseif r.class ~= "OK" then
+          problem("probe is refused by the policy: %s: %s", r.class, tostring(r.message))
+        end
+      end
+    end
+  end
+
+  for _, line in ipairs(problems) do printf("%s\n", line) end
+  if #problems > 0 then
+    eprintf("%s: %d tool%s, %d problem%s\n", file, #names, #names == 1 and "" or "s",
+            #problems, #problems == 1 and "" or "s")
+    return EXIT_FAIL
+  end
+  printf("%s: %d tool%s, OK\n", file, #names, #names == 1 and "" or "s")
+  return EXIT_OK
+end
+
+local function cmd_check(argv)
+  local files = {}
+  for _, a in ipairs(argv) do
+    if a == "-h" or a == "--help" then
+      printf("usage: stockade check [POLICY...]\n")
+      return EXIT_OK
+    elseif a:sub(1, 2) == "--" then
+      eprintf("stockade check: unknown option %s\n", a)
+      return EXIT_USAGE
+    end
+    files[#files + 1] = a
+  end
+  if #files == 0 then files[1] = default_policy() end
+  local status = EXIT_OK
+  for _, f in ipairs(files) do
+    if check_policy(f) ~= EXIT_OK then status = EXIT_FAIL end
+  end
+  return status
+end
+
+-- ---- diff ---------------------------------------------------------------------------
+
+local function short(v, max)
+  max = max or 40
+  local s
+  if v == nil then
+    s = "-"
+  elseif is_hook(v) then
+    s = "function " .. tostring(v.where):gsub("^.*/", "")
+  elseif type(v) == "table" then
+    s = json.encode(v)
+  else
+    s = tostring(v)
+  end
+  s = s:gsub("%s+", " ")
+  if utf8.len(s) and utf8.len(s) > max then
+    s = s:sub(1, utf8.offset(s, max - 2) - 1) .. "..."
+  end
+  return s
+end
+
+local function json_value(v)                    -- hooks as their location and source
+  if is_hook(v) then return { ["function"] = v.where, source = v.source } end
+  return v
+end
+
+local NETWORK_RANK = { none = 0, loopback = 1 }
+local function network_rank(n)
+  if type(n) == "table" then return 2 end
+  return NETWORK_RANK[n] or 0
+end
+local function network_str(n)
+  if type(n) == "table" then
+    local allow = {}
+    for _, a in ipairs(n.allow or {}) do allow[#allow + 1] = tostring(a) end
+    return "allow " .. (#allow > 0 and table.concat(allow, ",") or "(nothing)")
+  end
+  return tostring(n)
+end
+
+local function set_of(list)
+  local s = {}
+  for _, x in ipairs(list or {}) do s[tostring(x)] = true end
+  return s
+end
+
+local function redactor_names(r, out)
+  out = out or {}
+  if type(r) ~= "table" then return out end
+  if is_hook(r) then
+    out[#out + 1] = "function:" .. tostring(r.source)
+  elseif type(r.pattern) == "string" then
+    out[#out + 1] = (r.name or "?") .. ":" .. r.pattern
+  else
+    for _, x in ipairs(r) do redactor_names(x, out) end
+  end
+  return out
+end
+
+local function mounts_by_target(ms)
+  local out = {}
+  for _, m in ipairs(type(ms) == "table" and ms or {}) do
+    if type(m) == "table" and m[2] ~= nil then out[tostring(m[2])] = m end
+  end
+  return out
+end
+
+local function cmd_diff(argv)
+  local files, as_json, fail_on_widen = {}, false, false
+  for _, a in ipairs(argv) do
+    if a == "--json" then as_json = true
+    elseif a == "--fail-on-widen" then fail_on_widen = true
+    elseif a == "-h" or a == "--help" then
+      printf("usage: stockade diff OLD NEW [--json] [--fail-on-widen]\n")
+      return EXIT_OK
+    elseif a:sub(1, 2) == "--" then
+      eprintf("stockade diff: unknown option %s\n", a)
+      return EXIT_USAGE
+    else files[#files + 1] = a end
+  end
+  if #files ~= 2 then
+    eprintf("usage: stockade diff OLD NEW [--json] [--fail-on-widen]\n")
+    return EXIT_USAGE
+  end
+  local _, old = load_policy(files[1])
+  if type(old) ~= "table" then printf("%s\n", old); return EXIT_FAIL end
+  local _, new = load_policy(files[2])
+  if type(new) ~= "table" then printf("%s\n", new); return EXIT_FAIL end
+
+  local changes, added, removed, problems, widened = {}, {}, {}, {}, {}
+  -- o, n: what the table shows; raw_o, raw_n (when given): what the JSON carries
+  local function change(scope, field, o, n, why, raw_o, raw_n)
+    local c = { scope = scope, field = field, old = o, new = n, widens = why ~= nil, why = why,
+                old_value = raw_o, new_value = raw_n }
+    changes[#changes + 1] = c
+    if why then widened[#widened + 1] = { scope = scope, field = field, why = why } end
+    return c
+  end
+  local OT, NT = old.timeouts, new.timeouts
+
+  -- tools
+  for _, name in ipairs(sorted_keys(new.tools)) do
+    local t = new.tools[name]
+    if old.tools[name] == nil then
+      local missing = {}
+      for _, f in ipairs { "schema", "owner", "timeout" } do
+        if t[f] == nil or t[f] == "" then missing[#missing + 1] = f end
+      end
+      added[#added + 1] = { tool = name, path = t.path, owner = t.owner, timeout = t.timeout,
+                            at = t.at, missing = array(missing) }
+      widened[#widened + 1] = { scope = "tool " .. name, field = "(tool)", why = "new tool" }
+      for _, f in ipairs(missing) do
+        problems[#problems + 1] = string.format("%s: tool %s: added without %s %s",
+                                                t.at or new.file, name,
+                                                f == "owner" and "an" or "a", f)
+      end
+    end
+  end
+  for _, name in ipairs(sorted_keys(old.tools)) do
+    if new.tools[name] == nil then removed[#removed + 1] = name end
+  end
+  for _, name in ipairs(sorted_keys(new.tools)) do
+    local o, n = old.tools[name], new.tools[name]
+    if o then
+      local scope = "tool " .. name
+      local fields = {}
+      for k in pairs(o) do fields[k] = true end
+      for k in pairs(n) do fields[k] = true end
+      fields.at = nil
+      for _, f in ipairs(sorted_keys(fields)) do
+        local ov, nv = o[f], n[f]
+        if f == "timeout" then
+          local oe, ne = ov or OT.call, nv or NT.call
+          if not same(ov, nv) then
+            change(scope, "timeout",
+                   ov and fmt_ms(ov) or (fmt_ms(OT.call) .. " (timeouts.call)"),
+                   nv and fmt_ms(nv) or (fmt_ms(NT.call) .. " (timeouts.call)"),
+                   (oe and ne and ne > oe) and "longer timeout" or nil, oe, ne)
+          end
+        elseif f == "limits" then
+          local keys = {}
+          for k in pairs(type(ov) == "table" and ov or {}) do keys[k] = true end
+          for k in pairs(type(nv) == "table" and nv or {}) do keys[k] = true end
+          for _, k in ipairs(sorted_keys(keys)) do
+            local a = (ov or {})[k] or old.limits[k]
+            local b = (nv or {})[k] or new.limits[k]
+            if not same((ov or {})[k], (nv or {})[k]) then
+              change(scope, "limits." .. k, a and fmt_limit(k, a), b and fmt_limit(k, b),
+                     (type(a) == "number" and type(b) == "number" and b > a) and "larger limit"
+                     or nil, a, b)
+            end
+          end
+        elseif f == "env" then
+          local os_, ns = set_of(ov), set_of(nv)
+          for _, e in ipairs(sorted_keys(ns)) do
+            if not os_[e] then change(scope, "env", nil, e, "env allow name added") end
+          end
+          for _, e in ipairs(sorted_keys(os_)) do
+            if not ns[e] then change(scope, "env", e, nil, nil) end
+          end
+        elseif not same(ov, nv) then
+          local why
+          if f == "accept" then
+            why = nv == nil and "accept hook removed" or (ov ~= nil and "accept hook changed" or nil)
+          elseif f == "redact" then
+            why = nv == nil and "redaction removed" or (ov ~= nil and "redaction changed" or nil)
+          elseif f == "path" then
+            why = "runs a different binary"
+          elseif f == "schema" and nv == nil then
+            why = "schema removed"
+          end
+          change(scope, f, ov, nv, why, ov, nv)
+        end
+      end
+    end
+  end
+
+  -- policy-wide
+  local P = "policy"
+  if old.name ~= new.name then change(P, "name", old.name, new.name) end
+  if old.isolation ~= new.isolation then
+    change(P, "isolation", old.isolation, new.isolation,
+           (old.isolation == "strict" and new.isolation ~= "strict") and "isolation weakened" or nil)
+  end
+  local tkeys = {}
+  for k in pairs(OT) do tkeys[k] = true end
+  for k in pairs(NT) do tkeys[k] = true end
+  for _, k in ipairs(sorted_keys(tkeys)) do
+    local a, b = OT[k], NT[k]
+    if not same(a, b) then
+      local widen = type(a) == "number" and type(b) == "number" and b > a and k ~= "deadline_min"
+      change(P, "timeouts." .. k, a and fmt_ms(a), b and fmt_ms(b),
+             widen and "longer timeout" or nil, a, b)
+    end
+  end
+  local lkeys = {}
+  for k in pairs(old.limits) do lkeys[k] = true end
+  for k in pairs(new.limits) do lkeys[k] = true end
+  for _, k in ipairs(sorted_keys(lkeys)) do
+    local a, b = old.limits[k], new.limits[k]
+    if not same(a, b) then
+      change(P, "limits." .. k, a and fmt_limit(k, a), b and fmt_limit(k, b),
+             (type(a) == "number" and type(b) == "number" and b > a) and "larger limit" or nil,
+             a, b)
+    end
+  end
+  if old.env.path ~= new.env.path then
+    local had = {}
+    for dir in tostring(old.env.path or ""):gmatch("[^:]+") do had[dir] = true end
+    local more
+    for dir in tostring(new.env.path or ""):gmatch("[^:]+") do
+      if not had[dir] then more = true end
+    end
+    change(P, "env.path", old.env.path, new.env.path, more and "PATH directory added" or nil)
+  end
+  do
+    local oa, na = set_of(old.env.allow), set_of(new.env.allow)
+    for _, e in ipairs(sorted_keys(na)) do
+      if not oa[e] then change(P, "env.allow", nil, e, "env allow name added") end
+    end
+    for _, e in ipairs(sorted_keys(oa)) do
+      if not na[e] then change(P, "env.allow", e, nil) end
+    end
+    local od, nd = set_of(old.env.deny), set_of(new.env.deny)
+    for _, e in ipairs(sorted_keys(nd)) do
+      if not od[e] then change(P, "env.deny", nil, e) end
+    end
+    for _, e in ipairs(sorted_keys(od)) do
+      if not nd[e] then change(P, "env.deny", e, nil, "env deny glob removed") end
+    end
+  end
+  do
+    local om, nm = mounts_by_target(old.mounts), mounts_by_target(new.mounts)
+    local function desc(m) return m and string.format("%s -> %s (%s)", tostring(m[1]), tostring(m[2]),
+                                                      m.ro and "ro" or "rw") end
+    local function mj(m) return m and { host = m[1], target = m[2], ro = m.ro == true } end
+    for _, target in ipairs(sorted_keys(nm)) do
+      local a, b = om[target], nm[target]
+      if not a then
+        change(P, "mounts", nil, desc(b), b.ro and "new read-only mount" or "new writable mount",
+               nil, mj(b))
+      elseif not same(a, b) then
+        local why
+        if a.ro and not b.ro then why = "mount made writable"
+        elseif a[1] ~= b[1] then why = "mount source changed" end
+        change(P, "mounts", desc(a), desc(b), why, mj(a), mj(b))
+      end
+    end
+    for _, target in ipairs(sorted_keys(om)) do
+      if not nm[target] then change(P, "mounts", desc(om[target]), nil, nil, mj(om[target])) end
+    end
+  end
+  if not same(old.network, new.network) then
+    local ro, rn = network_rank(old.network), network_rank(new.network)
+    local why
+    if rn > ro then
+      why = "network opened"
+    elseif rn == 2 and ro == 2 then
+      local had = set_of(old.network.allow)
+      for _, a in ipairs(new.network.allow or {}) do
+        if not had[tostring(a)] then why = "network allowlist widened" end
+      end
+    end
+    change(P, "network", network_str(old.network), network_str(new.network), why, old.network,
+           new.network)
+  end
+  do
+    local on, nn = redactor_names(old.redact), redactor_names(new.redact)
+    local have = set_of(nn)
+    local lost = {}
+    for _, r in ipairs(on) do if not have[r] then lost[#lost + 1] = r:match("^[^:]*") end end
+    if not same(old.redact, new.redact) then
+      local function count(n) return string.format("%d redactor%s", n, n == 1 and "" or "s") end
+      change(P, "redact", count(#on), count(#nn),
+             #lost > 0 and ("redactor removed: " .. table.concat(lost, ", ")) or nil, #on, #nn)
+    end
+  end
+
+  local status = #problems > 0 and EXIT_FAIL or EXIT_OK
+  if fail_on_widen and #widened > 0 then status = EXIT_FAIL end
+
+  if as_json then
+    local jchanges = array()
+    for _, c in ipairs(changes) do
+      jchanges[#jchanges + 1] = { scope = c.scope, field = c.field,
+                                  old = json_value(c.old_value == nil and c.old or c.old_value),
+                                  new = json_value(c.new_value == nil and c.new or c.new_value),
+                                  widens = c.widens, why = c.why }
+    end
+    local jadded = array()
+    for _, a in ipairs(added) do jadded[#jadded + 1] = a end
+    local jw = array()
+    for _, w in ipairs(widened) do jw[#jw + 1] = w end
+    printf("%s\n", json.encode({
+      old = old.file, new = new.file, old_sha256 = old.sha256, new_sha256 = new.sha256,
+      added = jadded, removed = array(removed), changed = jchanges, widened = jw,
+      problems = array(problems), status = status,
+    }, "  "))
+    return status
+  end
+
+  printf("--- %s\n+++ %s\n", old.file, new.file)
+  if #added + #removed + #changes == 0 then
+    printf("no change\n")
+    return status
+  end
+  local rows = { { "", "SCOPE", "FIELD", "OLD", "NEW", "NOTE" } }
+  for _, a in ipairs(added) do
+    local note = "WIDENS: new tool"
+    if #a.missing > 0 then note = note .. "; MISSING " .. table.concat(a.missing, ", ") end
+    rows[#rows + 1] = { "+", "tool " .. a.tool, "(added)", "-",
+                        short(a.path) .. (a.timeout and (" " .. fmt_ms(a.timeout)) or ""), note }
+  end
+  for _, name in ipairs(removed) do
+    rows[#rows + 1] = { "-", "tool " .. name, "(removed)", short(old.tools[name].path), "-", "" }
+  end
+  for _, c in ipairs(changes) do
+    rows[#rows + 1] = { c.widens and "!" or "~", c.scope, c.field, short(c.old), short(c.new),
+                        c.widens and ("WIDENS: " .. c.why) or "" }
+  end
+  print_table(rows)
+  printf("%d added, %d removed, %d changed; %d widening%s\n", #added, #removed, #changes,
+         #widened, #widened == 1 and "" or "s")
+  for _, line in ipairs(problems) do printf("%s\n", line) end
+  return status
+end
+
+-- ---- budget -------------------------------------------------------------------------
+
+local function cmd_budget(argv)
+  local file, as_json
+  for _, a in ipairs(argv) do
+    if a == "--json" then as_json = true
+    elseif a == "-h" or a == "--help" then
+      printf("usage: stockade budget [POLICY] [--json]\n")
+      return EXIT_OK
+    elseif a:sub(1, 2) == "--" or file then
+      eprintf("usage: stockade budget [POLICY] [--json]\n")
+      return EXIT_USAGE
+    else file = a end
+  end
+  file = file or default_policy()
+  local p, d = load_policy(file)
+  if not p then printf("%s\n", d); return EXIT_FAIL end
+  local T = d.timeouts
+  local grace, cpu, fuse, idle = T.grace or 0, T.cpu, T.fuse, T.idle_shutdown
+  local tools = array()
+  local worst
+  for _, name in ipairs(sorted_keys(d.tools)) do
+    local t = d.tools[name]
+    local timeout = t.timeout or T.call
+    local w = timeout + grace
+    local row = { tool = name, timeout_ms = timeout, timeout_default = t.timeout == nil,
+                  grace_ms = grace, cpu_ms = cpu, worst_call_ms = w,
+                  calls_in_fuse = (fuse and w > 0) and fuse // w or nil }
+    tools[#tools + 1] = row
+    if not worst or w > worst.worst_call_ms then worst = row end
+  end
+  local ok = fuse ~= nil and idle ~= nil and fuse < idle
+  local margin = (fuse and idle) and (idle - fuse) or nil
+  local status = ok and EXIT_OK or EXIT_FAIL
+  if as_json then
+    printf("%s\n", json.encode({
+      policy = d.file, fuse_ms = fuse, idle_shutdown_ms = idle, margin_ms = margin,
+      grace_ms = grace, cpu_ms = cpu, call_ms = T.call, call_max_ms = T.call_max,
+      lease_ms = T.lease, ok = ok, tools = tools,
+      worst_call = worst and { tool = worst.tool, ms = worst.worst_call_ms } or nil,
+      status = status,
+    }, "  "))
+    return status
+  end
+  printf("%s: budget\n", d.file)
+  local rows = { { "TOOL", "TIMEOUT", "GRACE", "CPU", "WORST CALL", "CALLS IN FUSE" } }
+  for _, r in ipairs(tools) do
+    rows[#rows + 1] = { r.tool, fmt_ms(r.timeout_ms) .. (r.timeout_default and " (call)" or ""),
+                        fmt_ms(r.grace_ms), fmt_ms(r.cpu_ms), fmt_ms(r.worst_call_ms),
+                        tostring(r.calls_in_fuse or "-") }
+  end
+  print_table(rows, "  ")
+  if worst then
+    printf("worst call: %s, %s (timeout %s + grace %s)\n", worst.tool, fmt_ms(worst.worst_call_ms),
+           fmt_ms(worst.timeout_ms), fmt_ms(grace))
+  end
+  printf("session: fuse %s (every call ends when it fires), lease %s, call_max %s\n",
+         fmt_ms(fuse), fmt_ms(T.lease), fmt_ms(T.call_max))
+  if ok then
+    printf("fuse %s < idle_shutdown %s: margin %s, OK\n", fmt_ms(fuse), fmt_ms(idle), fmt_ms(margin))
+    if margin <= grace then
+      printf("warning: the margin %s is not above the grace %s: a tree killed at the fuse may "
+             .. "outlive idle_shutdown\n", fmt_ms(margin), fmt_ms(grace))
+    end
+  else
+    printf("fuse %s is not below idle_shutdown %s: FAIL (margin %s)\n", fmt_ms(fuse), fmt_ms(idle),
+           fmt_ms(margin))
+  end
+  return status
+end
+
+-- ---- dry-run ------------------------------------------------------------------------
+
+-- path -> "owner size mtime type" for every entry under `root` (not crossing file
+-- systems), `prune` (a dir) excluded.
+local function snapshot(root, prune)
+  local snap = {}
+  local cmd = "find " .. q(root) .. " -xdev"
+  if prune then cmd = cmd .. " -path " .. q(prune) .. " -prune -o" end
+  cmd = cmd .. " -printf '%U %s %T@ %y %p\\n' 2>/dev/null"
+  local out = sh(cmd)
+  for line in out:gmatch("[^\n]+") do
+    local uid, size, mtime, ftype, path = line:match("^(%d+) (%d+) (%S+) (%S) (.*)$")
+    if uid then
+      snap[path] = { uid = tonumber(uid), size = size, mtime = mtime, type = ftype }
+    end
+  end
+  return snap
+end
+
+-- What changed: new, changed (content: size or mtime) and deleted entries, filtered
+-- by `keep(path, before, after)`. A directory's own mtime changes whenever an entry in
+-- it does; that is reported through the entry, not the directory.
+local function compare(before, after, keep)
+  local out = {}
+  for path, a in pairs(after) do
+    local b = before[path]
+    if not b then
+      if keep(path, nil, a) then out[#out + 1] = path .. " (new)" end
+    elseif (b.size ~= a.size or b.mtime ~= a.mtime or b.type ~= a.type)
+           and not (a.type == "d" and b.type == "d") then
+      if keep(path, b, a) then out[#out + 1] = path .. " (changed)" end
+    end
+  end
+  for path, b in pairs(before) do
+    if not after[path] and keep(path, b, nil) then out[#out + 1] = path .. " (deleted)" end
+  end
+  table.sort(out)
+  return out
+end
+
+-- The synthetic tree a probe works on, in the workspace of the session root it will
+-- reuse: plain files, nested dirs, and a symlink out of the root to a canary dir.
+local function build_tree(ws, canary)
+  local cmds = {
+    "mkdir -p " .. q(ws .. "/src/lib") .. " " .. q(ws .. "/data/nested/deeper"),
+    "printf '# synthetic workspace for stockade dry-run\\n' > " .. q(ws .. "/README.md"),
+    "printf 'print(\"hello from the dry-run\")\\n' > " .. q(ws .. "/src/main.py"),
+    "printf 'def util():\\n    return 42\\n' > " .. q(ws .. "/src/lib/util.py"),
+    "printf 'alpha\\nbeta\\ngamma\\n' > " .. q(ws .. "/data/sample.txt"),
+    "printf 'deep\\n' > " .. q(ws .. "/data/nested/deeper/leaf.txt"),
+    "ln -s " .. q(canary) .. " " .. q(ws .. "/outside"),
+    "find " .. q(ws) .. " -mindepth 1 -type d -exec chmod 0755 {} +",
+    "find " .. q(ws) .. " -type f -exec chmod 0644 {} +",
+  }
+  local _, code = sh("{ " .. table.concat(cmds, " && ") .. "; } 2>&1")
+  return code == 0
+end
+
+local function cmd_dry_run(argv)
+  local file
+  for _, a in ipairs(argv) do
+    if a == "-h" or a == "--help" then
+      printf("usage: stockade dry-run [POLICY]\n")
+      return EXIT_OK
+    elseif a:sub(1, 2) == "--" or file then
+      eprintf("usage: stockade dry-run [POLICY]\n")
+      return EXIT_USAGE
+    else file = a end
+  end
+  file = file or default_policy()
+  local p, d = load_policy(file)
+  if not p then printf("%s\n", d); return EXIT_FAIL end
+
+  local names = sorted_keys(d.tools)
+  local any_probe = false
+  for _, name in ipairs(names) do any_probe = any_probe or d.tools[name].probe ~= nil end
+  if not any_probe then
+    for _, name in ipairs(names) do printf("%s: not dry-run\n", name) end
+    printf("%s: 0 probed, 0 OK, 0 failed, %d not dry-run\n", d.file, #names)
+    return EXIT_OK
+  end
+
+  local tmp = sh("mktemp -d /var/tmp/stockade-dryrun.XXXXXX 2>&1"):gsub("\n$", "")
+  if tmp == "" or tmp:sub(1, 1) ~= "/" then
+    printf("%s: cannot create a temp state dir: %s\n", d.file, tmp)
+    return EXIT_FAIL
+  end
+  local canary = tmp .. "/canary"
+  sh("chmod 0755 " .. q(tmp) .. " && mkdir -p " .. q(canary) .. " " .. q(tmp .. "/sessions")
+     .. " && chmod 0711 " .. q(tmp .. "/sessions")
+     .. " && printf 'canary\\n' > " .. q(canary .. "/canary.txt")
+     .. " && chmod 0666 " .. q(canary .. "/canary.txt") .. " && chmod 0777 " .. q(canary))
+
+  local ro_mounts = {}
+  for _, m in ipairs(type(d.mounts) == "table" and d.mounts or {}) do
+    if type(m) == "table" and type(m[1]) == "string" and m.ro then ro_mounts[#ro_mounts + 1] = m[1] end
+  end
+
+  local status = EXIT_OK
+  local rows = {}
+  local n = 0
+  printf("%s: dry-run in %s\n", d.file, tmp)
+  for _, name in ipairs(names) do
+    local t = d.tools[name]
+    local probe = t.probe
+    if type(probe) ~= "table" then
+      rows[#rows + 1] = { name, "not dry-run" }
+      printf("%s: not dry-run\n", name)
+    else
+      n = n + 1
+      local session = "dryrun-" .. n
+      local root = tmp .. "/sessions/" .. session
+      local result, evidence = nil, {}
+      local probe_argv
+      if type(probe.argv) == "table" then
+        probe_argv = probe.argv
+      elseif type(probe.args) == "table" then
+        local ok, r = pcall(p.decide, p, name, probe.args)
+        if not ok then
+          result = "FAILED PROBE: " .. tostring(r)
+        elseif r.class ~= "OK" then
+          result = "FAILED " .. r.class .. ": " .. tostring(r.message)
+        else
+          probe_argv = r.argv
+        end
+      else
+        result = "FAILED PROBE: probe has neither argv nor args"
+      end
+      if probe_argv then
+        sh("mkdir -m 0700 " .. q(root) .. " && mkdir -m 0700 " .. q(root .. "/workspace"))
+        if not build_tree(root .. "/workspace", canary) then
+          result = "FAILED DRYRUN: cannot build the synthetic tree in " .. root
+        end
+      end
+      if probe_argv and not result then
+        local before_tmp = snapshot("/tmp")
+        local before_state = snapshot(tmp, root)
+        local before_mounts = {}
+        for i, m in ipairs(ro_mounts) do before_mounts[i] = snapshot(m) end
+        local words = {}
+        for i, a in ipairs(probe_argv) do words[i] = q(a) end
+        local cmd = string.format("%s run --json --policy %s --state-dir %s --session %s -- %s %s"
+                                  .. " </dev/null 2>&1", q(self), q(d.file), q(tmp), q(session),
+                                  q(name), table.concat(words, " "))
+        local out, code = sh(cmd)
+        local uid = tonumber((sh("stat -c %u " .. q(root) .. " 2>/dev/null"):gsub("%s+$", "")))
+        local after_tmp = snapshot("/tmp")
+        local after_state = snapshot(tmp, root)
+        local wrote = {}
+        local function mine(_, b, a)
+          return uid ~= nil and ((a and a.uid == uid) or (b and b.uid == uid))
+        end
+        for _, x in ipairs(compare(before_tmp, after_tmp, mine)) do wrote[#wrote + 1] = x end
+        for _, x in ipairs(compare(before_state, after_state, function(path, b, a)
+          return inside(path, canary) or mine(path, b, a)
+        end)) do wrote[#wrote + 1] = x end
+        for i, m in ipairs(ro_mounts) do
+          for _, x in ipairs(compare(before_mounts[i], snapshot(m), function() return true end)) do
+            wrote[#wrote + 1] = x
+          end
+        end
+        local r = json.decode(out:match("{.*}") or "")
+        if #wrote > 0 then
+          result = "WROTE-OUTSIDE " .. table.concat(wrote, " ")
+          evidence[#evidence + 1] = string.format("session uid %s, root %s", tostring(uid), root)
+        elseif type(r) ~= "table" or type(r.class) ~= "string" then
+          result = string.format("FAILED STOCKADE: run exited %d: %s", code,
+                                 (out:gsub("%s+$", ""):gsub("\n", " | ")))
+        elseif r.class ~= "OK" then
+          result = string.format("FAILED %s: %s", r.class, tostring(r.message))
+        else
+          result = "OK"
+        end
+        if type(r) == "table" then
+          evidence[#evidence + 1] = ("argv: " .. name .. " " .. table.concat(probe_argv, " ")):gsub("%s+$", "")
+          evidence[#evidence + 1] = string.format("class %s, exit %s, %s ms", tostring(r.class),
+                                                  tostring(r.exit_code), tostring(r.duration_ms))
+          for _, stream in ipairs { "stdout", "stderr" } do
+            local s = type(r[stream]) == "string" and r[stream]:gsub("%s+$", "") or ""
+            if s ~= "" and result ~= "OK" then
+              if #s > 400 then s = s:sub(1, 400) .. "..." end
+              evidence[#evidence + 1] = stream .. ": " .. s:gsub("\n", "\n    ")
+            end
+          end
+        end
+      end
+      if result ~= "OK" then status = EXIT_FAIL end
+      rows[#rows + 1] = { name, result }
+      printf("%s: %s\n", name, result)
+      for _, e in ipairs(evidence) do printf("    %s\n", e) end
+    end
+  end
+  sh("rm -rf -- " .. q(tmp))
+  local counts = { ok = 0, bad = 0, skipped = 0 }
+  for _, r in ipairs(rows) do
+    if r[2] == "OK" then counts.ok = counts.ok + 1
+    elseif r[2] == "not dry-run" then counts.skipped = counts.skipped + 1
+    else counts.bad = counts.bad + 1 end
+  end
+  printf("%s: %d probed, %d OK, %d failed, %d not dry-run\n", d.file, n, counts.ok, counts.bad,
+         counts.skipped)
+  return status
+end
+
+-- ---- dispatch -----------------------------------------------------------------------
+
+local commands = { check = cmd_check, diff = cmd_diff, ["dry-run"] = cmd_dry_run,
+                   budget = cmd_budget }
+local fn = commands[command]
+if not fn then
+  eprintf("stockade: unknown gate '%s' (check, diff, dry-run, budget)\n", tostring(command))
+  return EXIT_USAGE
+end
+return fn(args)
