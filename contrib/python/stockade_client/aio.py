@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 import subprocess
 from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Sequence, Union
 

@@ -1,0 +1,442 @@
+"""Helpers for tests/integration/test_serve.py: start `stockade serve` (stdio or
+--listen unix:PATH), talk to it with the Python client or with raw msgpack bytes, and
+observe it from the host (/proc). Every wait here is bounded."""
+
+import errno
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import msgpack
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+POLICY = os.path.join(REPO_ROOT, "policies", "default.lua")
+FIXTURES = os.path.join(REPO_ROOT, "tests", "fixtures")
+_CONTRIB = os.path.join(REPO_ROOT, "contrib", "python")
+if _CONTRIB not in sys.path:
+    sys.path.insert(0, _CONTRIB)
+
+from stockade_client import Client  # noqa: E402
+
+# Bound on waiting for one response that should come promptly.
+RPC_TIMEOUT = 30.0
+# Bound on a server starting up / shutting down.
+START_TIMEOUT = 15.0
+STOP_TIMEOUT = 20.0
+
+MiB = 1 << 20
+SMALL_POLICY = os.path.join(FIXTURES, "serve_small.lua")
+WIDE_POLICY = os.path.join(FIXTURES, "serve_wide.lua")
+LIMITS_POLICY = os.path.join(FIXTURES, "serve_limits.lua")
+RELOAD_A = os.path.join(FIXTURES, "serve_reload_a.lua")
+RELOAD_B = os.path.join(FIXTURES, "serve_reload_b.lua")
+BROKEN_POLICY = os.path.join(FIXTURES, "serve_broken.lua")
+REDACT_POLICY = os.path.join(FIXTURES, "serve_redact.lua")
+
+UUID4_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+
+
+def is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def one_line(s):
+    return isinstance(s, str) and "\n" not in s
+
+
+def wait_until(pred, timeout, what, interval=0.05):
+    """Poll pred() until it returns a truthy value (returned) or fail after timeout."""
+    end = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > end:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+# ---------------------------------------------------------------- host observation
+
+
+def _read(path, mode="rb"):
+    try:
+        with open(path, mode) as f:
+            return f.read()
+    except OSError:
+        return b"" if "b" in mode else ""
+
+
+def cmdline(pid):
+    return _read(f"/proc/{pid}/cmdline")
+
+
+def proc_state(pid):
+    data = _read(f"/proc/{pid}/stat")
+    try:
+        rest = data.rsplit(b")", 1)[1].split()
+        return rest[0], int(rest[1])   # state, ppid
+    except (IndexError, ValueError):
+        return b"", 0
+
+
+def live_with_marker(marker):
+    me = os.getpid()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        if marker.encode() in cmdline(name) and proc_state(name)[0] not in (b"Z", b"X"):
+            out.append(int(name))
+    return out
+
+
+def kill_marker(marker):
+    for p in live_with_marker(marker):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def assert_marker_gone(marker, bound=10.0):
+    end = time.monotonic() + bound
+    while live_with_marker(marker):
+        if time.monotonic() > end:
+            alive = {p: cmdline(p).replace(b"\0", b" ") for p in live_with_marker(marker)}
+            kill_marker(marker)
+            pytest.fail(f"processes of the call survived it: {alive}")
+        time.sleep(0.05)
+
+
+def vmrss_kb(pid):
+    for line in _read(f"/proc/{pid}/status", "r").splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def fd_count(pid):
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+def children(pid):
+    """(live, zombie) direct children of pid, from /proc."""
+    live, zombies = [], []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        state, ppid = proc_state(name)
+        if ppid == pid:
+            (zombies if state == b"Z" else live).append(int(name))
+    return live, zombies
+
+
+def sessions_left(state_dir):
+    d = os.path.join(state_dir, "sessions")
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
+# ---------------------------------------------------------------- raw msgpack connection
+
+
+class Closed(Exception):
+    """The server closed the raw connection (EOF)."""
+
+
+class RawConn:
+    """A byte-level MessagePack-RPC peer: no reader thread, nothing read unless asked,
+    so a test can stall it, send garbage, or look at every message in order."""
+
+    def __init__(self, rfd, write, close, sock=None):
+        self._rfd = rfd
+        self._write = write
+        self._close = close
+        self.sock = sock
+        self.unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        self.eof = False
+        self.seen = []          # every message received, in order
+        self._claimed = set()   # ids of the responses response() has returned
+        self._next_id = 1
+
+    @classmethod
+    def over_socket(cls, path, rcvbuf=None, timeout=START_TIMEOUT):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if rcvbuf:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        s.settimeout(timeout)
+        s.connect(path)
+        s.settimeout(timeout)   # bounds every send
+
+        def close():
+            s.close()
+        return cls(s.fileno(), s.sendall, close, sock=s)
+
+    @classmethod
+    def over_pipes(cls, proc):
+        wfd = proc.stdin.fileno()
+
+        def write(data):
+            view = memoryview(data)
+            while view:
+                n = os.write(wfd, view)
+                view = view[n:]
+
+        def close():
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        return cls(proc.stdout.fileno(), write, close)
+
+    # -- sending
+
+    def send_bytes(self, data):
+        self._write(data)
+
+    def send(self, obj):
+        self._write(msgpack.packb(obj, use_bin_type=True))
+
+    def request(self, method, params=None, msgid=None):
+        if msgid is None:
+            msgid = self._next_id
+            self._next_id += 1
+        self.send([0, msgid, method, {} if params is None else params])
+        return msgid
+
+    def shutdown_write(self):
+        if self.sock is not None:
+            self.sock.shutdown(socket.SHUT_WR)
+        else:
+            self._close()
+
+    def close(self):
+        try:
+            self._close()
+        except OSError:
+            pass
+
+    # -- receiving
+
+    def _fill(self, deadline):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        r, _, _ = select.select([self._rfd], [], [], left)
+        if not r:
+            raise TimeoutError
+        try:
+            data = os.read(self._rfd, 1 << 16)
+        except OSError as e:
+            if e.errno in (errno.ECONNRESET, errno.EPIPE):
+                data = b""
+            else:
+                raise
+        if not data:
+            self.eof = True
+            raise Closed
+        self.unpacker.feed(data)
+
+    def recv(self, timeout=RPC_TIMEOUT):
+        """The next message; Closed at EOF, TimeoutError after timeout seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = next(self.unpacker)
+                self.seen.append(msg)
+                return msg
+            except StopIteration:
+                pass
+            if self.eof:
+                raise Closed
+            self._fill(deadline)
+
+    def response(self, msgid, timeout=RPC_TIMEOUT):
+        """Read until the response to msgid; returns (error, result). Notifications and
+        other responses read on the way stay in self.seen."""
+        for msg in self.seen:      # already read while waiting for another one
+            if isinstance(msg, list) and len(msg) == 4 and msg[0] == 1 and msg[1] == msgid \
+                    and id(msg) not in self._claimed:
+                self._claimed.add(id(msg))
+                return msg[2], msg[3]
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                msg = self.recv(max(left, 0.001))
+            except TimeoutError:
+                pytest.fail(f"no response to msgid {msgid} within {timeout:.0f}s; "
+                            f"seen {summarize(self.seen)}")
+            except Closed:
+                pytest.fail(f"connection closed before the response to msgid {msgid}; "
+                            f"seen {summarize(self.seen)}")
+            if isinstance(msg, list) and len(msg) == 4 and msg[0] == 1 and msg[1] == msgid:
+                self._claimed.add(id(msg))
+                return msg[2], msg[3]
+
+    def call_ok(self, method, params=None, timeout=RPC_TIMEOUT):
+        msgid = self.request(method, params)
+        err, res = self.response(msgid, timeout)
+        assert err is None, f"{method} {params!r} failed: {err!r}"
+        return res
+
+    def drain_until_closed(self, timeout):
+        """Read until EOF (returns the messages read) or fail after timeout."""
+        deadline = time.monotonic() + timeout
+        got = []
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                got.append(self.recv(max(left, 0.001)))
+            except Closed:
+                return got
+            except TimeoutError:
+                pytest.fail(f"connection not closed within {timeout:.0f}s; got {summarize(got)}")
+
+
+def summarize(msgs, limit=8):
+    out = []
+    for m in msgs[-limit:]:
+        r = repr(m)
+        out.append(r if len(r) < 300 else r[:300] + "...")
+    return out
+
+
+# ---------------------------------------------------------------- the server under test
+
+
+def clean_env():
+    """The test's environment minus what would change the server's behaviour: an
+    inherited depth, and variables the policies' env.deny patterns match (the server
+    redacts their values from tool output, which holds back a redaction window of every
+    streamed output — tests that want that set it explicitly)."""
+    env = {}
+    for k, v in os.environ.items():
+        if k == "STOCKADE_DEPTH" or k.endswith("_TOKEN") or k.startswith("AWS_") \
+                or k == "SSH_AUTH_SOCK":
+            continue
+        env[k] = v
+    return env
+
+
+
+class ServeProc:
+    """One `stockade serve`. Stdio mode: `.client` (a Client on its pipes) or, with
+    raw=True, `.raw` (a RawConn on them). Listen mode: `.connect()` / `.raw_connect()`."""
+
+    def __init__(self, binary, state_dir, policy, args=(), listen=False, raw=False,
+                 log_dir=None, rpc_timeout=RPC_TIMEOUT, extra_env=None):
+        self.state_dir = state_dir
+        self.policy = policy
+        self.sock_dir = None
+        self.sock_path = None
+        self.log_path = os.path.join(log_dir or state_dir, f"serve-{id(self):x}.log")
+        self.log = open(self.log_path, "wb")
+        cmd = [binary, "serve", "--policy", policy, "--state-dir", state_dir]
+        if listen:
+            self.sock_dir = tempfile.mkdtemp(prefix="stk-sock-", dir="/var/tmp")
+            self.sock_path = os.path.join(self.sock_dir, "s.sock")
+            cmd += ["--listen", "unix:" + self.sock_path]
+        cmd += list(args)
+        self.cmd = cmd
+        env = clean_env()
+        env.update(extra_env or {})
+        self.client = None
+        self.raw = None
+        self.rpc_timeout = rpc_timeout
+        if listen:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=self.log, env=env, start_new_session=True)
+            self._wait_listening()
+        elif raw:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self.log, env=env, start_new_session=True,
+                                         bufsize=0)
+            self.raw = RawConn.over_pipes(self.proc)
+        else:
+            self.client = Client.spawn(cmd, rpc_timeout=rpc_timeout, stderr=self.log, env=env,
+                                       start_new_session=True)
+            self.proc = self.client.proc
+        self.pid = self.proc.pid
+
+    def _wait_listening(self):
+        end = time.monotonic() + START_TIMEOUT
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"stockade serve exited with {self.proc.returncode} before "
+                            f"listening: {self.stderr_text()[-2000:]}")
+            if os.path.exists(self.sock_path):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    s.connect(self.sock_path)
+                    return
+                except OSError:
+                    pass
+                finally:
+                    s.close()
+            if time.monotonic() > end:
+                pytest.fail(f"stockade serve not listening on {self.sock_path} after "
+                            f"{START_TIMEOUT:.0f}s: {self.stderr_text()[-2000:]}")
+            time.sleep(0.05)
+
+    def connect(self, rpc_timeout=None):
+        return Client.connect_unix(self.sock_path, rpc_timeout=rpc_timeout or self.rpc_timeout)
+
+    def raw_connect(self, rcvbuf=None):
+        return RawConn.over_socket(self.sock_path, rcvbuf=rcvbuf)
+
+    def stderr_text(self):
+        self.log.flush()
+        return _read(self.log_path).decode("utf-8", "replace")
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def wait_exit(self, timeout=STOP_TIMEOUT):
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"stockade serve did not exit within {timeout:.0f}s; "
+                        f"stderr: {self.stderr_text()[-2000:]}")
+
+    def stop(self):
+        """Teardown: EOF (stdio) or SIGTERM, then SIGKILL to its process group."""
+        try:
+            if self.proc.poll() is None:
+                if self.client is not None:
+                    self.client.close(timeout=STOP_TIMEOUT)
+                elif self.raw is not None:
+                    self.raw.close()
+                else:
+                    self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(STOP_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    try:
+                        os.killpg(self.proc.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                    self.proc.wait(5)
+            elif self.client is not None:
+                self.client.close(timeout=1)
+        finally:
+            for f in (self.proc.stdin, self.proc.stdout):
+                try:
+                    if f is not None:
+                        f.close()
+                except OSError:
+                    pass
+            self.log.close()
+            if self.sock_dir:
+                shutil.rmtree(self.sock_dir, ignore_errors=True)
