@@ -19,6 +19,7 @@ static const char usage[] =
     "  diff OLD NEW [--json] [--fail-on-widen]   CI gate: what a policy change widens\n"
     "  dry-run [POLICY]                 CI gate: run each tool's probe, prove no write outside\n"
     "  budget [POLICY] [--json]         CI gate: the timeout budget table\n"
+    "  doctor                           which isolation layers this host can give, and why not\n"
     "  version                          print the version\n"
     "See README.md and the design documents for the protocol and the policy API.\n";
 
@@ -42,6 +43,8 @@ int main(int argc, char **argv)
         return cli_serve(argc - 1, argv + 1);
     if (strcmp(cmd, "test") == 0)
         return cli_test(argc - 1, argv + 1);
+    if (strcmp(cmd, "doctor") == 0)
+        return cli_doctor(argc - 1, argv + 1);
     if (!strcmp(cmd, "check") || !strcmp(cmd, "diff") || !strcmp(cmd, "dry-run") ||
         !strcmp(cmd, "budget"))
         return cli_gate(cmd, argc - 1, argv + 1);

@@ -465,13 +465,15 @@ static void build_world(const struct zygote_config *cfg, uid_t outer_uid, gid_t 
                         bool userns)
 {
     if (userns) {
-        /* root inside maps to us outside; setgroups must be denied before gid_map */
+        /* We outside are an ordinary uid inside, not root: the zygote keeps the
+         * capabilities it got with the namespace (enough to build the mount tree), and a
+         * tool exec'd as a non-zero uid gets none. setgroups is denied before gid_map. */
         char map[64];
         write_file("/proc/self/setgroups", "deny");
-        snprintf(map, sizeof map, "0 %u 1\n", (unsigned)outer_uid);
+        snprintf(map, sizeof map, "1000 %u 1\n", (unsigned)outer_uid);
         if (write_file("/proc/self/uid_map", map) < 0)
             zdie("uid_map");
-        snprintf(map, sizeof map, "0 %u 1\n", (unsigned)outer_gid);
+        snprintf(map, sizeof map, "1000 %u 1\n", (unsigned)outer_gid);
         if (write_file("/proc/self/gid_map", map) < 0)
             zdie("gid_map");
     }

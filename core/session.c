@@ -37,13 +37,18 @@ static char *uuid_v4(void)
                      r[12], r[13], r[14], r[15]);
 }
 
-/* Take the first free uid of the range: a flock on STATE_DIR/uids/UID, released when the
+/* Take the first free uid of the range: a flock on UID_LOCK_DIR/UID, released when the
  * fd closes (so a crashed supervisor frees its uids by dying). Start at a random offset
  * so that concurrent supervisors rarely contend. */
-static int uid_take(const char *state_dir, struct uid_range range, uid_t prefer, uid_t *uid)
+/* One lock directory for the whole host, whatever the state dir: two supervisors with
+ * different state dirs must not hand out the same uid either. */
+#define UID_LOCK_DIR "/run/stockade/uids"
+
+static int uid_take(struct uid_range range, uid_t prefer, uid_t *uid)
 {
-    char *dir = xasprintf("%s/uids", state_dir);
-    if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+    char *dir = xstrdup(UID_LOCK_DIR);
+    if ((mkdir("/run/stockade", 0700) < 0 && errno != EEXIST) ||
+        (mkdir(dir, 0700) < 0 && errno != EEXIST)) {
         free(dir);
         return -1;
     }
@@ -96,7 +101,7 @@ struct session *session_open(const char *state_dir, const char *id, bool reuse,
         char *existing = xasprintf("%s/sessions/%s", state_dir, s->id);
         uid_t prefer = reuse && lstat(existing, &st) == 0 ? st.st_uid : 0;
         free(existing);
-        s->uid_lock_fd = uid_take(state_dir, range, prefer, &s->uid);
+        s->uid_lock_fd = uid_take(range, prefer, &s->uid);
         if (s->uid_lock_fd < 0) {
             *err = xasprintf("no free service uid in %u-%u: %s", (unsigned)range.first,
                              (unsigned)(range.first + range.count - 1), strerror(errno));

@@ -2,8 +2,8 @@
 #define STOCKADE_SESSION_H
 /* A session: its id, its disposable root and the service uid its tools run as. When the
  * supervisor is root, each session holds one uid of the configured range exclusively
- * (a lock file under STATE_DIR/uids, held for the session's life, so concurrent
- * supervisors never share one): RLIMIT_NPROC then caps the session's processes, and one
+ * (a lock file under /run/stockade/uids, held for the session's life, so concurrent
+ * supervisors never share one, whatever their state dirs): RLIMIT_NPROC then caps the session's processes, and one
  * session's tools cannot signal another's. */
 #include <stdbool.h>
 #include <sys/types.h>
