@@ -85,10 +85,36 @@ static enum call_class class_from_name(const char *name)
     return CLASS_INTERNAL;
 }
 
+/* A failed tool whose last words name a limit we set: RESOURCE_LIMIT, not TOOL_ERROR.
+ * The kernel tells a tool "out of memory" or "no more processes" only through errno, so
+ * its message is all there is to go on. */
+static void classify_limits(struct call *c)
+{
+    static const struct { const char *needle; const char *what; } limits[] = {
+        {"Cannot allocate memory", "memory limit reached"},
+        {"MemoryError", "memory limit reached"},
+        {"out of memory", "memory limit reached"},
+        {"Resource temporarily unavailable", "process limit reached"},
+        {"Too many open files", "open-file limit reached"},
+        {"File size limit exceeded", "file size limit reached"},
+    };
+    struct call_result *r = &c->result;
+    if (r->class != CLASS_TOOL_ERROR || !c->err.tail.len)
+        return;
+    for (size_t i = 0; i < ARRAY_LEN(limits); i++) {
+        if (memmem(c->err.tail.data, c->err.tail.len, limits[i].needle,
+                   strlen(limits[i].needle))) {
+            set_result(c, CLASS_RESOURCE_LIMIT, false, xstrdup(limits[i].what), NULL);
+            return;
+        }
+    }
+}
+
 /* With all output in: the policy's classify hook, then the declared output check. */
 static void finalize(struct call *c)
 {
     struct call_result *r = &c->result;
+    classify_limits(c);
     struct policy_classify_input in = {
         .has_exit_code = r->has_exit_code, .exit_code = r->exit_code, .signal = r->signal,
         .layer = r->layer,

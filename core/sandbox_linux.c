@@ -492,8 +492,11 @@ static void build_world(const struct zygote_config *cfg, uid_t outer_uid, gid_t 
         zdie("clone the session root");
     if (set_attr(session, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false) < 0)
         zdie("session root attributes");
-    char session_tmp[4096];
-    snprintf(session_tmp, sizeof session_tmp, "%s/tmp", cfg->session_root);
+    char tmp_path[4096];
+    snprintf(tmp_path, sizeof tmp_path, "%s/tmp", cfg->session_root);
+    int session_tmp = clone_tree(tmp_path, false);
+    if (session_tmp < 0)
+        zdie("clone the session tmp");
     static const char *const devs[] = {"null", "zero", "full", "random", "urandom", "tty"};
     int devfd[ARRAY_LEN(devs)];
     for (size_t i = 0; i < ARRAY_LEN(devs); i++) {
@@ -532,7 +535,9 @@ static void build_world(const struct zygote_config *cfg, uid_t outer_uid, gid_t 
                       "mode=0755,size=64k") < 0)
                 zdie(tmps[i]);
         } else {
-            int t = clone_tree(session_tmp, false);
+            /* a copy of the detached clone, so each place gets its own mount */
+            int t = (int)syscall(SYS_open_tree, session_tmp, "",
+                                 OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
             if (t < 0 || attach(t, path) < 0)
                 zdie(tmps[i]);
             close(t);

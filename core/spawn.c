@@ -39,9 +39,17 @@ static void reset_signal_dispositions(void)
         sigaction(sig, &sa, NULL);     /* fails harmlessly for KILL, STOP, RT internals */
 }
 
+/* Lower a limit; a policy value above the current hard limit means the hard limit (it
+ * cannot be raised once the uid has changed). */
 static int set_limit(int resource, int64_t soft, int64_t hard)
 {
-    struct rlimit rl = {(rlim_t)soft, (rlim_t)hard};
+    struct rlimit cur, rl = {(rlim_t)soft, (rlim_t)hard};
+    if (getrlimit(resource, &cur) == 0 && cur.rlim_max != RLIM_INFINITY) {
+        if (rl.rlim_max > cur.rlim_max)
+            rl.rlim_max = cur.rlim_max;
+        if (rl.rlim_cur > rl.rlim_max)
+            rl.rlim_cur = rl.rlim_max;
+    }
     return setrlimit(resource, &rl);
 }
 
@@ -66,16 +74,6 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int errpipe)
     if (chdir(req->cwd) < 0)
         tool_fail(errpipe, errno);
 
-    const struct spawn_limits *l = &req->limits;
-    if (set_limit(RLIMIT_CORE, 0, 0) < 0 ||
-        (l->cpu_s > 0 && set_limit(RLIMIT_CPU, l->cpu_s, l->cpu_s + 1) < 0) ||
-        (l->memory > 0 && set_limit(RLIMIT_AS, l->memory, l->memory) < 0) ||
-        (l->file_size > 0 && set_limit(RLIMIT_FSIZE, l->file_size, l->file_size) < 0) ||
-        (l->open_files > 0 && set_limit(RLIMIT_NOFILE, l->open_files, l->open_files) < 0) ||
-        (req->drop_user && l->processes > 0 &&
-         set_limit(RLIMIT_NPROC, l->processes, l->processes) < 0))
-        tool_fail(errpipe, errno);
-
     if (req->drop_user) {
         if (setgroups(0, NULL) < 0 || setresgid(req->gid, req->gid, req->gid) < 0 ||
             setresuid(req->uid, req->uid, req->uid) < 0)
@@ -90,12 +88,26 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int errpipe)
         if (sandbox_apply_landlock(&fs, req->net_closed) < 0)
             tool_fail(errpipe, errno);
     }
-    /* Last: after it, the calls above would be refused too. */
+    /* after Landlock: the filter refuses nothing Landlock needs, but keep walls in the
+     * order they narrow */
     if (req->seccomp && sandbox_apply_seccomp(req->net_closed) < 0)
         tool_fail(errpipe, errno);
     /* After the uid change, which clears it: the tool dies with its shim. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
         tool_fail(errpipe, errno);
+    /* Limits last: setting up the walls above may allocate, and RLIMIT_AS would refuse
+     * an allocator that reserves much address space (ASan). Only lowering: allowed
+     * after the uid change. */
+    const struct spawn_limits *l = &req->limits;
+    if (set_limit(RLIMIT_CORE, 0, 0) < 0 ||
+        (l->cpu_s > 0 && set_limit(RLIMIT_CPU, l->cpu_s, l->cpu_s + 1) < 0) ||
+        (l->memory > 0 && set_limit(RLIMIT_AS, l->memory, l->memory) < 0) ||
+        (l->file_size > 0 && set_limit(RLIMIT_FSIZE, l->file_size, l->file_size) < 0) ||
+        (l->open_files > 0 && set_limit(RLIMIT_NOFILE, l->open_files, l->open_files) < 0) ||
+        (req->drop_user && l->processes > 0 &&
+         set_limit(RLIMIT_NPROC, l->processes, l->processes) < 0))
+        tool_fail(errpipe, errno);
+
     execve(req->path, req->argv, req->envp);
     tool_fail(errpipe, errno);
 }
