@@ -5,6 +5,7 @@ int cli_run(int argc, char **argv);
 int cli_serve(int argc, char **argv);
 int cli_test(int argc, char **argv);
 int cli_doctor(int argc, char **argv);
+int cli_soak(int argc, char **argv);
 int cli_gate(const char *command, int argc, char **argv);
 
 #endif

@@ -4,6 +4,7 @@
 #include "rpc.h"
 #include "server.h"
 
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,8 +14,10 @@
 static const char serve_usage[] =
     "usage: stockade serve [--policy FILE] [--state-dir DIR] [--listen unix:PATH]\n"
     "                      [--allow-uid UID]... [--max-message SIZE] [--drain-timeout DUR]\n"
-    "                      [--uid-range FIRST-LAST] [--verbose]\n"
-    "Speaks MessagePack-RPC (PROTOCOL.md) on stdin/stdout, or on a Unix socket.\n";
+    "                      [--uid-range FIRST-LAST] [--log FILE] [--log-level LEVEL]\n"
+    "                      [--metrics FILE] [--metrics-interval DUR] [--debug-hooks]\n"
+    "Speaks MessagePack-RPC (PROTOCOL.md) on stdin/stdout, or on a Unix socket.\n"
+    "Logs are JSON lines on stderr (or --log FILE): one record per call, alarms, errors.\n";
 
 int cli_serve(int argc, char **argv)
 {
@@ -23,6 +26,9 @@ int cli_serve(int argc, char **argv)
         {"listen", required_argument, 0, 'l'}, {"allow-uid", required_argument, 0, 'a'},
         {"max-message", required_argument, 0, 'm'}, {"drain-timeout", required_argument, 0, 't'},
         {"uid-range", required_argument, 0, 'u'}, {"verbose", no_argument, 0, 'v'},
+        {"log", required_argument, 0, 'L'}, {"log-level", required_argument, 0, 'E'},
+        {"metrics", required_argument, 0, 'M'}, {"metrics-interval", required_argument, 0, 'I'},
+        {"debug-hooks", no_argument, 0, 'D'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     struct server_opts o = {
@@ -34,7 +40,8 @@ int cli_serve(int argc, char **argv)
     const char *state_flag = NULL;
     int64_t v;
     int opt;
-    log_threshold = LOG_WARN;
+    log_threshold = LOG_INFO;
+    log_json = true;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "+p:d:l:a:m:t:u:vh", opts, NULL)) != -1) {
         switch (opt) {
@@ -70,6 +77,30 @@ int cli_serve(int argc, char **argv)
                 die("--uid-range: expected FIRST-LAST with 0 < FIRST <= LAST, got '%s'", optarg);
             break;
         case 'v': log_threshold = LOG_DEBUG; break;
+        case 'L': {
+            int fd = open(optarg, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+            if (fd < 0)
+                die_errno("--log %s", optarg);
+            log_fd = fd;
+            break;
+        }
+        case 'E': {
+            static const char *const levels[] = {"error", "warn", "info", "debug"};
+            size_t i = 0;
+            while (i < ARRAY_LEN(levels) && strcmp(levels[i], optarg) != 0)
+                i++;
+            if (i == ARRAY_LEN(levels))
+                die("--log-level: expected error, warn, info or debug, got '%s'", optarg);
+            log_threshold = (enum log_level)i;
+            break;
+        }
+        case 'M': o.metrics_path = optarg; break;
+        case 'I':
+            if (parse_duration_ms(optarg, &v) < 0 || v < 100)
+                die("--metrics-interval: expected a duration of at least 100ms, got '%s'", optarg);
+            o.metrics_interval_ms = v;
+            break;
+        case 'D': o.debug_hooks = true; break;
         case 'h': fputs(serve_usage, stdout); return 0;
         default: fputs(serve_usage, stderr); return 125;
         }

@@ -31,7 +31,7 @@ static size_t utf8_seq(const unsigned char *s, size_t avail)
 void json_string(struct buf *b, const char *str, size_t len)
 {
     const unsigned char *s = (const unsigned char *)str;
-    buf_append(b, "\"", 1);
+    buf_append_lit(b, "\"");
     size_t i = 0;
     while (i < len) {
         unsigned char c = s[i];
@@ -41,16 +41,16 @@ void json_string(struct buf *b, const char *str, size_t len)
             i++;
         } else if (c < 0x20) {
             switch (c) {
-            case '\n': buf_append(b, "\\n", 2); break;
-            case '\r': buf_append(b, "\\r", 2); break;
-            case '\t': buf_append(b, "\\t", 2); break;
+            case '\n': buf_append_lit(b, "\\n"); break;
+            case '\r': buf_append_lit(b, "\\r"); break;
+            case '\t': buf_append_lit(b, "\\t"); break;
             default: buf_printf(b, "\\u%04x", c);
             }
             i++;
         } else {
             size_t n = utf8_seq(s + i, len - i);
             if (n == 0) {
-                buf_append(b, "\xef\xbf\xbd", 3);   /* U+FFFD */
+                buf_append_lit(b, "\xef\xbf\xbd");   /* U+FFFD */
                 i++;
             } else {
                 buf_append(b, s + i, n);
@@ -58,24 +58,29 @@ void json_string(struct buf *b, const char *str, size_t len)
             }
         }
     }
-    buf_append(b, "\"", 1);
+    buf_append_lit(b, "\"");
+}
+
+void json_escape_into(struct buf *b, const char *s)
+{
+    json_string(b, s, strlen(s));
 }
 
 void json_cstr(struct buf *b, const char *s)
 {
     if (!s)
-        buf_append(b, "null", 4);
+        buf_append_lit(b, "null");
     else
         json_string(b, s, strlen(s));
 }
 
 void json_call_result(struct buf *b, const struct call_result *r, const char *session_id)
 {
-    buf_append(b, "{\"class\":", 9);
+    buf_append_lit(b, "{\"class\":");
     json_cstr(b, call_class_name(r->class));
     buf_printf(b, ",\"retryable\":%s,\"message\":", r->retryable ? "true" : "false");
     json_cstr(b, r->message);
-    buf_append(b, ",\"layer\":", 9);
+    buf_append_lit(b, ",\"layer\":");
     json_cstr(b, r->layer);
     if (r->has_exit_code)
         buf_printf(b, ",\"exit_code\":%d", r->exit_code);
@@ -85,9 +90,9 @@ void json_call_result(struct buf *b, const struct call_result *r, const char *se
         buf_printf(b, ",\"signal\":%d", r->signal);
     else
         buf_printf(b, ",\"signal\":null");
-    buf_append(b, ",\"stdout\":", 10);
+    buf_append_lit(b, ",\"stdout\":");
     json_string(b, r->out.data ? r->out.data : "", r->out.len);
-    buf_append(b, ",\"stderr\":", 10);
+    buf_append_lit(b, ",\"stderr\":");
     json_string(b, r->err.data ? r->err.data : "", r->err.len);
     buf_printf(b,
                ",\"truncated\":{\"stdout\":%lld,\"stderr\":%lld},\"redactions\":%lld,"
@@ -96,8 +101,8 @@ void json_call_result(struct buf *b, const struct call_result *r, const char *se
                (long long)r->redactions, (long long)r->duration_ms, (long long)r->cpu_ms,
                (long long)r->max_rss_kb);
     if (session_id) {
-        buf_append(b, ",\"session_id\":", 14);
+        buf_append_lit(b, ",\"session_id\":");
         json_cstr(b, session_id);
     }
-    buf_append(b, "}", 1);
+    buf_append_lit(b, "}");
 }

@@ -20,6 +20,7 @@ static const char usage[] =
     "  dry-run [POLICY]                 CI gate: run each tool's probe, prove no write outside\n"
     "  budget [POLICY] [--json]         CI gate: the timeout budget table\n"
     "  doctor                           which isolation layers this host can give, and why not\n"
+    "  soak [--duration 1h] [...]       drive a real serve at 2x concurrency, fail on leaks\n"
     "  version                          print the version\n"
     "See README.md and the design documents for the protocol and the policy API.\n";
 
@@ -45,6 +46,8 @@ int main(int argc, char **argv)
         return cli_test(argc - 1, argv + 1);
     if (strcmp(cmd, "doctor") == 0)
         return cli_doctor(argc - 1, argv + 1);
+    if (strcmp(cmd, "soak") == 0)
+        return cli_soak(argc - 1, argv + 1);
     if (!strcmp(cmd, "check") || !strcmp(cmd, "diff") || !strcmp(cmd, "dry-run") ||
         !strcmp(cmd, "budget"))
         return cli_gate(cmd, argc - 1, argv + 1);

@@ -506,6 +506,24 @@ static void read_settings(struct policy *p, int t)
     li->depth = get_int(L, t, "limits", "depth");
     li->lua_memory = get_int(L, t, "limits", "lua_memory");
     li->lua_instructions = get_int(L, t, "limits", "lua_instructions");
+    /* alarms: 0 = unset, the server derives a default from the other limits */
+    lua_getfield(L, t, "limits");
+    lua_getfield(L, -1, "alarms");
+    if (lua_istable(L, -1)) {
+        int a = lua_gettop(L);
+        static const char *const keys[] = {"zombies", "fds", "rss", "processes", "sessions"};
+        int64_t *dst[] = {&li->alarm_zombies, &li->alarm_fds, &li->alarm_rss,
+                          &li->alarm_processes, &li->alarm_sessions};
+        for (size_t i = 0; i < ARRAY_LEN(keys); i++) {
+            lua_getfield(L, a, keys[i]);
+            *dst[i] = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : -1;
+            lua_pop(L, 1);
+        }
+    } else {
+        li->alarm_zombies = li->alarm_fds = li->alarm_rss = li->alarm_processes =
+            li->alarm_sessions = -1;
+    }
+    lua_pop(L, 2);
     p->name = get_str(L, t, "name", "unnamed");
     p->isolation = get_str(L, t, "isolation", "process");
     lua_getfield(L, t, "network");

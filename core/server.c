@@ -1,5 +1,7 @@
 #include "server.h"
+#include "accounting.h"
 #include "call.h"
+#include "json.h"
 #include "policy.h"
 #include "proc.h"
 #include "root.h"
@@ -7,6 +9,7 @@
 #include "sandbox.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -32,6 +35,7 @@ struct srv_call {
     uint32_t msgid;
     struct srv_session *sess;
     bool counted;                   /* in srv->running: a process was started */
+    uint64_t id;                    /* the per-call id of the logs */
     struct srv_call *next;          /* in the server's list */
 };
 
@@ -90,6 +94,15 @@ struct server {
     uint64_t class_counts[CLASS_COUNT];
     uint64_t redactions;
     struct tool_latency *latencies;
+    uint64_t call_seq;              /* a per-call id for the logs */
+    /* accounting */
+    ev_timer sampler;
+    struct acct_sample last;
+    int fd_baseline;
+    struct alarm alarms[ALARM_COUNT];
+    ev_timer metrics_timer;
+    int leaked[64];                 /* debug.leak: fds held on purpose, for alarm tests */
+    int nleaked;
 };
 
 /* ---- small helpers ------------------------------------------------------------------ */
@@ -471,6 +484,41 @@ static void pack_call_result(msgpack_packer *pk, const struct call_result *r)
 }
 
 static void maybe_stop(struct server *srv);
+static void alarm_message(const struct server *srv, enum alarm_kind k, char *out, size_t n);
+
+/* One record per call: correlation ids, the decision and the outcome, sizes and times.
+ * Never argv values, output bodies or stderr: the message is the core's own line (or
+ * the policy's, redacted). */
+static void log_call(struct server *srv, const struct srv_call *sc, const struct call *c)
+{
+    if (log_threshold < LOG_INFO)
+        return;
+    const struct call_result *r = &c->result;
+    struct buf f = {0};
+    buf_append_lit(&f, "\"event\":\"call\",\"session\":");
+    json_cstr(&f, sc->sess->s->id);
+    buf_printf(&f, ",\"msgid\":%u,\"call_id\":%llu,\"tool\":", sc->msgid,
+               (unsigned long long)sc->id);
+    json_cstr(&f, c->req.tool);
+    buf_printf(&f, ",\"decision\":\"%s\",\"class\":\"%s\",\"layer\":",
+               sc->counted ? "run" : "refused", call_class_name(r->class));
+    json_cstr(&f, r->layer);
+    buf_append_lit(&f, ",\"message\":");
+    json_cstr(&f, r->message);
+    if (r->has_exit_code)
+        buf_printf(&f, ",\"exit\":%d", r->exit_code);
+    if (r->signal)
+        buf_printf(&f, ",\"signal\":%d", r->signal);
+    buf_printf(&f, ",\"duration_ms\":%lld,\"cpu_ms\":%lld,\"bytes_in\":%zu,"
+                   "\"bytes_out\":%zu,\"bytes_err\":%zu,\"truncated\":%lld,"
+                   "\"redactions\":%lld,\"generation\":%u",
+               (long long)r->duration_ms, (long long)r->cpu_ms, c->req.stdin_len, r->out.len,
+               r->err.len, (long long)(r->truncated_out + r->truncated_err),
+               (long long)r->redactions, c->policy->generation);
+    log_json_line(r->class == CLASS_INTERNAL ? "error" : "info", f.data);
+    buf_free(&f);
+    (void)srv;
+}
 
 static void on_call_done(struct call *c, void *ud)
 {
@@ -488,6 +536,7 @@ static void on_call_done(struct call *c, void *ud)
     }
     srv->class_counts[r->class]++;
     srv->redactions += (uint64_t)r->redactions;
+    log_call(srv, sc, c);
     if (sc->counted)
         record_latency(srv, c->req.tool, r->duration_ms);
     for (struct srv_call **pp = &srv->calls; *pp; pp = &(*pp)->next) {
@@ -652,6 +701,7 @@ static void m_call(struct srv_conn *conn, uint32_t msgid, const msgpack_object *
     struct srv_call *sc = xcalloc(1, sizeof *sc);
     sc->conn = conn;
     sc->msgid = msgid;
+    sc->id = ++srv->call_seq;
     sc->sess = ss;
     sc->next = srv->calls;
     srv->calls = sc;
@@ -726,7 +776,7 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     struct server *srv = conn->srv;
     unsigned live, zombies;
     proc_count_tree(&live, &zombies);
-    msgpack_packer *pk = result_begin(conn, msgid, 11);
+    msgpack_packer *pk = result_begin(conn, msgid, 14);
     rpc_pack_kv_int(pk, "sessions", srv->nsessions);
     rpc_pack_kv_int(pk, "running", srv->running);
     rpc_pack_key(pk, "calls");
@@ -738,7 +788,21 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     rpc_pack_kv_int(pk, "fds", count_fds());
     rpc_pack_kv_int(pk, "rss_kb", rss_kb());
     rpc_pack_key(pk, "alarms");
-    msgpack_pack_array(pk, 0);
+    unsigned nraised = 0;
+    for (int k = 0; k < ALARM_COUNT; k++)
+        nraised += srv->alarms[k].raised;
+    msgpack_pack_array(pk, nraised);
+    for (int k = 0; k < ALARM_COUNT; k++) {
+        if (!srv->alarms[k].raised)
+            continue;
+        char msg[256];
+        alarm_message(srv, (enum alarm_kind)k, msg, sizeof msg);
+        msgpack_pack_map(pk, 4);
+        rpc_pack_kv_str(pk, "kind", alarm_kind_name((enum alarm_kind)k));
+        rpc_pack_kv_int(pk, "value", srv->alarms[k].value);
+        rpc_pack_kv_int(pk, "threshold", srv->alarms[k].threshold);
+        rpc_pack_kv_str(pk, "message", msg);
+    }
     rpc_pack_key(pk, "latency_ms");
     unsigned ntools = 0;
     for (struct tool_latency *t = srv->latencies; t; t = t->next)
@@ -756,6 +820,20 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     }
     rpc_pack_kv_int(pk, "redactions", (int64_t)srv->redactions);
     rpc_pack_kv_int(pk, "policy_generation", srv->policy->generation);
+    uint64_t total = 0;
+    for (int i = 0; i < CLASS_COUNT; i++)
+        total += srv->class_counts[i];
+    rpc_pack_key(pk, "timeout_rate");
+    msgpack_pack_double(pk, total ? (double)srv->class_counts[CLASS_TOOL_TIMEOUT] / (double)total : 0);
+    struct acct_sample now;
+    acct_sample_take(&now);
+    rpc_pack_key(pk, "fds_by_kind");
+    msgpack_pack_map(pk, 4);
+    rpc_pack_kv_int(pk, "pipe", now.fd_pipe);
+    rpc_pack_kv_int(pk, "pidfd", now.fd_pidfd);
+    rpc_pack_kv_int(pk, "socket", now.fd_socket);
+    rpc_pack_kv_int(pk, "other", now.fd_other);
+    rpc_pack_kv_int(pk, "fd_baseline", srv->fd_baseline);
     rpc_conn_flush(conn->rpc);
 }
 
@@ -803,6 +881,190 @@ static void m_policy_reload(struct srv_conn *conn, uint32_t msgid, const msgpack
     rpc_conn_flush(conn->rpc);
 }
 
+/* ---- accounting: samples, alarms, metrics -------------------------------------------- */
+
+static void alarm_message(const struct server *srv, enum alarm_kind k, char *out, size_t n)
+{
+    const struct alarm *a = &srv->alarms[k];
+    switch (k) {
+    case ALARM_ZOMBIES:
+        snprintf(out, n, "%lld zombie processes below the supervisor (threshold %lld)",
+                 (long long)a->value, (long long)a->threshold);
+        break;
+    case ALARM_FDS:
+        snprintf(out, n, "%lld open descriptors, %lld over the baseline of %d (threshold %lld)",
+                 (long long)a->value, (long long)a->value - srv->fd_baseline, srv->fd_baseline,
+                 (long long)a->threshold);
+        break;
+    case ALARM_RSS:
+        snprintf(out, n, "supervisor RSS %lld KiB (threshold %lld KiB)", (long long)a->value,
+                 (long long)a->threshold);
+        break;
+    default:
+        snprintf(out, n, "%lld %s (threshold %lld)", (long long)a->value, alarm_kind_name(k),
+                 (long long)a->threshold);
+    }
+}
+
+static void alarm_announce(struct server *srv, enum alarm_kind k, bool raised)
+{
+    const struct alarm *a = &srv->alarms[k];
+    char msg[256];
+    alarm_message(srv, k, msg, sizeof msg);
+    struct buf f = {0};
+    buf_printf(&f, "\"event\":\"alarm\",\"kind\":\"%s\",\"state\":\"%s\",\"value\":%lld,"
+                   "\"threshold\":%lld,\"msg\":", alarm_kind_name(k), raised ? "raised" : "cleared",
+               (long long)a->value, (long long)a->threshold);
+    json_cstr(&f, msg);
+    log_json_line(raised ? "warn" : "info", f.data);
+    buf_free(&f);
+    for (struct srv_conn *conn = srv->conns; conn; conn = conn->next) {
+        send_notification_begin(conn, "alarm", 5);
+        msgpack_packer *pk = &conn->rpc->pk;
+        rpc_pack_kv_str(pk, "kind", alarm_kind_name(k));
+        rpc_pack_kv_int(pk, "value", a->value);
+        rpc_pack_kv_int(pk, "threshold", a->threshold);
+        rpc_pack_kv_str(pk, "message", msg);
+        rpc_pack_kv_str(pk, "state", raised ? "raised" : "cleared");
+        rpc_conn_flush(conn->rpc);
+    }
+}
+
+/* Thresholds from the policy, or derived from its other limits. */
+static void alarm_thresholds(struct server *srv)
+{
+    const struct policy_limits *l = &srv->policy->limits;
+    srv->alarms[ALARM_ZOMBIES].threshold = l->alarm_zombies >= 0 ? l->alarm_zombies : 0;
+    /* a running call holds about five descriptors: pipes, pidfd, status */
+    int64_t fd_growth = l->alarm_fds >= 0 ? l->alarm_fds : 8 * l->running + 64;
+    srv->alarms[ALARM_FDS].threshold = srv->fd_baseline + fd_growth;
+    srv->alarms[ALARM_RSS].threshold = (l->alarm_rss >= 0 ? l->alarm_rss : 256LL << 20) / 1024;
+    srv->alarms[ALARM_PROCESSES].threshold =
+        l->alarm_processes >= 0 ? l->alarm_processes : l->running * (l->processes + 1);
+    srv->alarms[ALARM_SESSIONS].threshold =
+        l->alarm_sessions >= 0 ? l->alarm_sessions : l->sessions * 9 / 10;
+}
+
+static void on_sample(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct server *srv = w->data;
+    acct_sample_take(&srv->last);
+    alarm_thresholds(srv);
+    int64_t values[ALARM_COUNT] = {
+        [ALARM_ZOMBIES] = srv->last.zombies, [ALARM_FDS] = srv->last.fds,
+        [ALARM_RSS] = srv->last.rss_kb, [ALARM_PROCESSES] = srv->last.processes,
+        [ALARM_SESSIONS] = srv->nsessions,
+    };
+    for (int k = 0; k < ALARM_COUNT; k++) {
+        /* a zombie lives between a child's exit and our reaping it: two samples in a
+         * row mean it was not reaped */
+        int change = alarm_update(&srv->alarms[k], values[k], k == ALARM_ZOMBIES ? 2 : 1);
+        if (change)
+            alarm_announce(srv, (enum alarm_kind)k, change > 0);
+    }
+}
+
+/* Prometheus text exposition, written to a temp file and renamed (node_exporter's
+ * textfile collector must never read half a file). */
+static void write_metrics(struct server *srv)
+{
+    const char *path = srv->opts->metrics_path;
+    struct buf b = {0};
+    buf_printf(&b, "# HELP stockade_calls_total Calls answered, by class.\n"
+                   "# TYPE stockade_calls_total counter\n");
+    uint64_t total = 0;
+    for (int i = 0; i < CLASS_COUNT; i++) {
+        buf_printf(&b, "stockade_calls_total{class=\"%s\"} %llu\n",
+                   call_class_name((enum call_class)i), (unsigned long long)srv->class_counts[i]);
+        total += srv->class_counts[i];
+    }
+    buf_printf(&b, "# HELP stockade_timeout_ratio Share of calls ended by their timeout.\n"
+                   "# TYPE stockade_timeout_ratio gauge\nstockade_timeout_ratio %.6f\n",
+               total ? (double)srv->class_counts[CLASS_TOOL_TIMEOUT] / (double)total : 0.0);
+    buf_printf(&b, "# TYPE stockade_redactions_total counter\nstockade_redactions_total %llu\n",
+               (unsigned long long)srv->redactions);
+    buf_printf(&b, "# TYPE stockade_sessions gauge\nstockade_sessions %u\n"
+                   "# TYPE stockade_running gauge\nstockade_running %u\n",
+               srv->nsessions, srv->running);
+    const struct acct_sample *s = &srv->last;
+    buf_printf(&b, "# TYPE stockade_processes gauge\nstockade_processes %u\n"
+                   "# TYPE stockade_zombies gauge\nstockade_zombies %u\n"
+                   "# TYPE stockade_rss_bytes gauge\nstockade_rss_bytes %lld\n"
+                   "# TYPE stockade_fds gauge\n"
+                   "stockade_fds{kind=\"pipe\"} %d\nstockade_fds{kind=\"pidfd\"} %d\n"
+                   "stockade_fds{kind=\"socket\"} %d\nstockade_fds{kind=\"other\"} %d\n",
+               s->processes, s->zombies, (long long)s->rss_kb * 1024, s->fd_pipe, s->fd_pidfd,
+               s->fd_socket, s->fd_other);
+    buf_printf(&b, "# TYPE stockade_alarm gauge\n");
+    for (int k = 0; k < ALARM_COUNT; k++)
+        buf_printf(&b, "stockade_alarm{kind=\"%s\"} %d\n", alarm_kind_name((enum alarm_kind)k),
+                   srv->alarms[k].raised ? 1 : 0);
+    buf_printf(&b, "# HELP stockade_call_latency_ms Per-tool call latency over the last %d calls.\n"
+                   "# TYPE stockade_call_latency_ms summary\n", LATENCY_SAMPLES);
+    for (struct tool_latency *t = srv->latencies; t; t = t->next) {
+        int64_t sorted[LATENCY_SAMPLES];
+        memcpy(sorted, t->samples, t->n * sizeof *sorted);
+        qsort(sorted, t->n, sizeof *sorted, cmp_i64);
+        static const int qs[] = {50, 95, 99};
+        for (size_t i = 0; i < 3; i++)
+            buf_printf(&b, "stockade_call_latency_ms{tool=\"%s\",quantile=\"0.%02d\"} %lld\n",
+                       t->tool, qs[i], (long long)sorted[(t->n - 1) * (size_t)qs[i] / 100]);
+    }
+    char *tmp = xasprintf("%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    bool ok = fd >= 0 && write(fd, b.data, b.len) == (ssize_t)b.len;
+    if (fd >= 0)
+        close(fd);
+    if (!ok || rename(tmp, path) < 0) {
+        LOG_W("metrics %s: %s", path, strerror(errno));
+        unlink(tmp);
+    }
+    free(tmp);
+    buf_free(&b);
+}
+
+static void on_metrics(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    write_metrics(w->data);
+}
+
+/* debug.leak {count} / debug.unleak: hold descriptors on purpose (only with
+ * --debug-hooks), so tests can prove the fds alarm fires and clears. */
+static void m_debug_leak(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
+{
+    struct server *srv = conn->srv;
+    if (!srv->opts->debug_hooks) {
+        bad_request(conn, msgid, "unknown method 'debug.leak'");
+        return;
+    }
+    int64_t n = 1;
+    bool has;
+    if (!param_int(conn, msgid, params, "count", &n, &has))
+        return;
+    while (n-- > 0 && srv->nleaked < (int)ARRAY_LEN(srv->leaked))
+        srv->leaked[srv->nleaked++] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    msgpack_packer *pk = result_begin(conn, msgid, 1);
+    rpc_pack_kv_int(pk, "leaked", srv->nleaked);
+    rpc_conn_flush(conn->rpc);
+}
+
+static void m_debug_unleak(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
+{
+    (void)params;
+    struct server *srv = conn->srv;
+    if (!srv->opts->debug_hooks) {
+        bad_request(conn, msgid, "unknown method 'debug.unleak'");
+        return;
+    }
+    while (srv->nleaked > 0)
+        close_quietly(&srv->leaked[--srv->nleaked]);
+    msgpack_packer *pk = result_begin(conn, msgid, 1);
+    rpc_pack_kv_int(pk, "leaked", 0);
+    rpc_conn_flush(conn->rpc);
+}
+
 /* ---- dispatch ----------------------------------------------------------------------- */
 
 static const struct {
@@ -817,6 +1079,8 @@ static const struct {
     {"cancel", m_cancel},
     {"stats", m_stats},
     {"policy.reload", m_policy_reload},
+    {"debug.leak", m_debug_leak},
+    {"debug.unleak", m_debug_unleak},
 };
 
 static void on_message(struct rpc_conn *rpc, const msgpack_object *msg)
@@ -1058,6 +1322,11 @@ struct server *server_new(const struct server_opts *opts)
     ev_signal_start(srv->loop, &srv->sigint);
     ev_timer_init(&srv->drain_timer, on_drain_timer, 0, 0);
     srv->drain_timer.data = srv;
+    ev_timer_init(&srv->sampler, on_sample, 1.0, 1.0);
+    srv->sampler.data = srv;
+    ev_timer_init(&srv->metrics_timer, on_metrics, 0,
+                  (double)(opts->metrics_interval_ms > 0 ? opts->metrics_interval_ms : 10000) / 1000.0);
+    srv->metrics_timer.data = srv;
     return srv;
 }
 
@@ -1080,6 +1349,17 @@ void server_free(struct server *srv)
         shutdown_begin(srv, true);
         ev_run(srv->loop, 0);
     }
+    if (ev_is_active(&srv->sampler)) {
+        ev_ref(srv->loop);
+        ev_timer_stop(srv->loop, &srv->sampler);
+    }
+    if (ev_is_active(&srv->metrics_timer)) {
+        ev_ref(srv->loop);
+        ev_timer_stop(srv->loop, &srv->metrics_timer);
+        write_metrics(srv);
+    }
+    while (srv->nleaked > 0)
+        close_quietly(&srv->leaked[--srv->nleaked]);
     while (srv->latencies) {
         struct tool_latency *t = srv->latencies;
         srv->latencies = t->next;
@@ -1108,6 +1388,17 @@ int server_run(const struct server_opts *opts)
         fd_set_cloexec(0);
         fd_set_cloexec(1);
         conn_add(srv, 0, 1, geteuid());
+    }
+    /* The baseline the fds alarm measures growth from: everything start-up opened. */
+    acct_sample_take(&srv->last);
+    srv->fd_baseline = srv->last.fds;
+    alarm_thresholds(srv);
+    ev_timer_start(srv->loop, &srv->sampler);
+    ev_unref(srv->loop);        /* the sampler alone must not keep the server alive */
+    if (opts->metrics_path) {
+        write_metrics(srv);
+        ev_timer_again(srv->loop, &srv->metrics_timer);
+        ev_unref(srv->loop);
     }
     ev_run(srv->loop, 0);
     server_free(srv);

@@ -19,6 +19,9 @@ struct server_opts {
     size_t max_message;
     int64_t drain_ms;
     struct uid_range uids;
+    const char *metrics_path;   /* Prometheus text file, or NULL */
+    int64_t metrics_interval_ms;
+    bool debug_hooks;           /* debug.leak / debug.unleak, for alarm tests */
 };
 
 /* Runs until stdin closes (stdio) or SIGTERM/SIGINT drains it. Returns the exit status. */

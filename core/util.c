@@ -8,8 +8,39 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "json.h"
+
 enum log_level log_threshold = LOG_WARN;
+bool log_json;
+int log_fd = 2;
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+/* Rate limit: the same message again within a second is counted, not written; the
+ * count goes out with the next different message (or the same one a second later). */
+static char last_line[1024];
+static int64_t last_at;
+static unsigned last_repeats;
+
+static void write_line(const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(log_fd, p, n);
+        if (w <= 0)
+            return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+void log_json_line(const char *level, const char *json_fields)
+{
+    struct buf b = {0};
+    int64_t now = wall_ms();
+    buf_printf(&b, "{\"ts\":%lld.%03lld,\"level\":\"%s\",%s}\n", (long long)(now / 1000),
+               (long long)(now % 1000), level, json_fields);
+    write_line(b.data, b.len);
+    buf_free(&b);
+}
 
 static void vlog(enum log_level level, const char *fmt, va_list ap, int err)
 {
@@ -19,7 +50,30 @@ static void vlog(enum log_level level, const char *fmt, va_list ap, int err)
         return;
     if (err)
         snprintf(line + strlen(line), sizeof line - strlen(line), ": %s", strerror(err));
-    fprintf(stderr, "stockade: %s: %s\n", level_names[level], line);
+    int64_t now = now_ms();
+    if (strcmp(line, last_line) == 0 && now - last_at < 1000) {
+        last_repeats++;
+        return;
+    }
+    unsigned repeats = last_repeats;
+    last_repeats = 0;
+    last_at = now;
+    snprintf(last_line, sizeof last_line, "%s", line);
+    if (!log_json) {
+        char text[1200];
+        int m = snprintf(text, sizeof text, "stockade: %s: %s%s\n", level_names[level], line,
+                         repeats ? " (and the previous message repeated)" : "");
+        if (m > 0)
+            write_line(text, (size_t)m < sizeof text ? (size_t)m : sizeof text - 1);
+        return;
+    }
+    struct buf f = {0};
+    buf_append_lit(&f, "\"event\":\"log\",\"msg\":");
+    json_escape_into(&f, line);
+    if (repeats)
+        buf_printf(&f, ",\"previous_repeated\":%u", repeats);
+    log_json_line(level_names[level], f.data);
+    buf_free(&f);
 }
 
 void log_msg(enum log_level level, const char *fmt, ...)

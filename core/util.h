@@ -11,6 +11,11 @@
 
 enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 extern enum log_level log_threshold;
+extern bool log_json;           /* JSON lines (serve), or "stockade: level: text" */
+extern int log_fd;              /* stderr, or --log FILE */
+/* One JSON-lines record: {"ts":...,"level":...,<fields>} where fields is already JSON
+ * (`"k":v,...`). */
+void log_json_line(const char *level, const char *json_fields);
 
 /* die() is for start-up and usage errors only: at run time a failure is answered. */
 _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -35,6 +40,8 @@ struct buf {
 void buf_append(struct buf *b, const void *p, size_t n);
 void buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void buf_free(struct buf *b);
+/* Append a string literal (its length computed by the compiler, not by hand). */
+#define buf_append_lit(b, lit) buf_append((b), "" lit, sizeof(lit) - 1)
 
 int64_t now_ms(void);           /* CLOCK_MONOTONIC */
 int64_t wall_ms(void);          /* CLOCK_REALTIME, for timestamps sent to clients */

@@ -127,6 +127,9 @@ local LIMITS = {
   output = is_size, stdin = is_size, argv = is_count, argv_bytes = is_size,
   sessions = is_count, running = is_count, depth = is_count,
   lua_memory = is_size, lua_instructions = is_count,
+  -- accounting thresholds: crossing one raises an alarm (log, notification, metric)
+  alarms = { zombies = is_count, fds = is_count, rss = is_size, processes = is_count,
+             sessions = is_count },
 }
 local DEFAULTS = {
   timeouts = {
