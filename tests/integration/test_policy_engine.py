@@ -1,0 +1,101 @@
+"""The policy engine through the real server: a hostile hook costs one call (refused,
+withheld or default-classified), never the server; a reload swaps generations while a
+running call finishes under the one it started with."""
+
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+from serve_helpers import FIXTURES, REPO_ROOT, RPC_TIMEOUT, Client
+
+BIN = os.environ.get("STOCKADE_BIN", os.path.join(REPO_ROOT, "stockade"))
+HOSTILE = os.path.join(FIXTURES, "hostile.lua")
+GEN_A = os.path.join(FIXTURES, "reload_gen_a.lua")
+GEN_B = os.path.join(FIXTURES, "reload_gen_b.lua")
+
+
+@pytest.fixture
+def serve():
+    state = tempfile.mkdtemp(prefix="stockade-engine-", dir="/var/tmp")
+    os.chmod(state, 0o755)
+    clients = []
+
+    def start(policy):
+        c = Client.spawn([BIN, "serve", "--policy", policy, "--state-dir", state],
+                         rpc_timeout=RPC_TIMEOUT, stderr=subprocess.DEVNULL)
+        clients.append(c)
+        return c
+
+    yield start
+    for c in clients:
+        c.close()
+    shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.mark.parametrize("tool", ["loop", "swallow", "bomb", "global", "errerr", "wrongtype"])
+def test_hostile_accept_costs_one_call(serve, tool):
+    c = serve(HOSTILE)
+    s = c.open_session()
+    r = s.call(tool, ["x"])
+    assert r.class_ == "POLICY_VIOLATION", r
+    assert r.exit_code is None and r.stdout == b""      # nothing was started
+    # the server, and the same Lua state, still serve the next call
+    ok = s.call("echo", ["still", "serving"])
+    assert ok.class_ == "OK" and ok.stdout == b"still serving\n"
+    s.close()
+
+
+@pytest.mark.parametrize("tool", ["redactloop", "redactbad"])
+def test_hostile_redactor_withholds_the_output(serve, tool):
+    c = serve(HOSTILE)
+    s = c.open_session()
+    r = s.call(tool, ["the-output-that-could-not-be-checked"])
+    assert b"the-output-that-could-not-be-checked" not in r.stdout
+    assert b"withheld" in r.stdout
+    assert s.call("echo", ["ok"]).stdout == b"ok\n"
+    s.close()
+
+
+def test_hostile_classify_keeps_the_default(serve):
+    c = serve(HOSTILE)
+    s = c.open_session()
+    r = s.call("classifyloop", ["-c", "exit 3"])
+    assert r.class_ == "TOOL_ERROR" and r.exit_code == 3
+    s.close()
+
+
+def test_reload_new_calls_new_generation_running_call_keeps_its_own(serve):
+    c = serve(GEN_A)
+    gen_a = c.hello().policy["generation"]
+    s = c.open_session()
+    # started under A: prints a secret of each generation after the reload has happened
+    fifo_wait = "i=0; while [ ! -e $TMPDIR/go ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done"
+    h = s.start_call("slowecho", ["-c", fifo_wait + "; echo alpha-secret beta-secret"])
+    res = c.reload_policy(GEN_B)
+    assert res["generation"] > gen_a
+    # release the running call only after the swap
+    assert s.call("slowecho", ["-c", "touch $TMPDIR/go"]).class_ == "OK"
+    old = h.result(RPC_TIMEOUT)
+    assert old.class_ == "OK"
+    assert old.stdout == b"[A] beta-secret\n", old.stdout      # generation A's redactor
+    new = s.call("slowecho", ["-c", "echo alpha-secret beta-secret"])
+    assert new.stdout == b"alpha-secret [B]\n", new.stdout     # generation B's
+    s.close()
+
+
+def test_broken_reload_keeps_the_working_policy(serve, tmp_path):
+    c = serve(GEN_A)
+    before = c.hello().policy
+    broken = tmp_path / "broken.lua"
+    broken.write_text("return stockade.policy { oops = }\n")
+    with pytest.raises(Exception) as e:
+        c.reload_policy(str(broken))
+    assert "BAD_REQUEST" in repr(e.value) or "broken.lua" in str(e.value)
+    after = c.hello().policy
+    assert after["generation"] == before["generation"] and after["sha256"] == before["sha256"]
+    s = c.open_session()
+    assert s.call("slowecho", ["-c", "echo alpha-secret"]).stdout == b"[A]\n"
+    s.close()
