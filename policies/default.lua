@@ -30,17 +30,21 @@ return stockade.policy {
 
   tools = {
     -- read-only helpers: safe to retry
-    echo  = tool("/bin/echo", "5s", { idempotent = true }),
-    cat   = tool("/bin/cat", "10s", { idempotent = true }),
-    ls    = tool("/bin/ls", "10s", { idempotent = true }),
-    head  = tool("/usr/bin/head", "10s", { idempotent = true }),
-    wc    = tool("/usr/bin/wc", "10s", { idempotent = true }),
-    grep  = tool("/bin/grep", "30s", { idempotent = true }),
-    ["true"]  = tool("/bin/true", "5s", { idempotent = true }),
+    echo  = tool("/bin/echo", "5s", { idempotent = true, probe = { argv = { "dry-run" } } }),
+    cat   = tool("/bin/cat", "10s", { idempotent = true, probe = { argv = { "README.md" } } }),
+    ls    = tool("/bin/ls", "10s", { idempotent = true, probe = { argv = { "-la", "." } } }),
+    head  = tool("/usr/bin/head", "10s", { idempotent = true,
+                   probe = { argv = { "-n", "1", "README.md" } } }),
+    wc    = tool("/usr/bin/wc", "10s", { idempotent = true,
+                   probe = { argv = { "-l", "data/sample.txt" } } }),
+    grep  = tool("/bin/grep", "30s", { idempotent = true,
+                   probe = { argv = { "-r", "hello", "src" } } }),
+    ["true"]  = tool("/bin/true", "5s", { idempotent = true, probe = { argv = {} } }),
     ["false"] = tool("/bin/false", "5s", { idempotent = true }),
-    sleep = tool("/bin/sleep", "60s", { idempotent = true }),
+    sleep = tool("/bin/sleep", "60s", { idempotent = true, probe = { argv = { "0.1" } } }),
     -- a shell, for scripted probes and tests; never idempotent (it can do anything the
     -- sandbox lets it)
-    sh    = tool("/bin/sh", "60s", { idempotent = false }),
+    sh    = tool("/bin/sh", "60s", { idempotent = false,
+      probe = { argv = { "-c", "echo probe > \"$TMPDIR/probe\" && ls -R . > listing.txt" } } }),
   },
 }

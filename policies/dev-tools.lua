@@ -78,12 +78,16 @@ return stockade.policy {
     -- read-only file tools: paths stay beneath the session root (symlinks resolved
     -- inside it), so ../../.ssh and /etc/shadow are refused before anything runs
     ls = stockade.tool { path = "/bin/ls", owner = "platform-team", timeout = "10s",
+      probe = { args = { argv = { "-la", "src" } } },
       schema = argv_schema(), argv = from_args, idempotent = true, accept = operands_beneath },
     cat = stockade.tool { path = "/bin/cat", owner = "platform-team", timeout = "10s",
+      probe = { args = { argv = { "README.md" } } },
       schema = argv_schema(), argv = from_args, idempotent = true, accept = beneath },
     head = stockade.tool { path = "/usr/bin/head", owner = "platform-team", timeout = "10s",
+      probe = { args = { argv = { "-n", "1", "README.md" } } },
       schema = argv_schema(), argv = from_args, idempotent = true, accept = operands_beneath },
     grep = stockade.tool { path = "/bin/grep", owner = "platform-team", timeout = "30s",
+      probe = { args = { argv = { "-r", "hello", "src" } } },
       schema = argv_schema(), argv = from_args, idempotent = true,
       -- the first operand is the pattern, not a path
       accept = function(call)
@@ -97,6 +101,7 @@ return stockade.policy {
       end },
     -- find can run programs and delete files: those actions are refused
     find = stockade.tool { path = "/usr/bin/find", owner = "platform-team", timeout = "30s",
+      probe = { args = { argv = { ".", "-name", "*.py" } } },
       schema = argv_schema(), argv = from_args, idempotent = true,
       accept = function(call)
         local paths = {}
@@ -133,9 +138,11 @@ return stockade.policy {
 
     -- interpreters: scripts from the workspace only
     python3 = stockade.tool { path = "/usr/bin/python3", owner = "platform-team",
-      timeout = "120s", schema = argv_schema(), argv = from_args,
+      timeout = "120s", probe = { args = { argv = { "src/main.py" } } },
+      schema = argv_schema(), argv = from_args,
       accept = interpreter { ["-c"] = true } },
     node = stockade.tool { path = "/usr/bin/node", owner = "platform-team", timeout = "120s",
+      probe = { args = { argv = { "--version" } } },
       schema = argv_schema(), argv = from_args,
       accept = interpreter { ["-e"] = true, ["--eval"] = true, ["-p"] = true,
                              ["--print"] = true } },
