@@ -31,20 +31,23 @@ stockade: $(B)/stockade FORCE
 FORCE:
 
 $(B)/stockade: $(B)/main.o $(CORE_OBJ)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	@echo "  LD    $@"
+	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(B)/%.o: core/%.c $(wildcard core/*.h) | $(B)/.dir
-	$(CC) $(CFLAGS) -c -o $@ $<
+	@echo "  CC    $<"
+	@$(CC) $(CFLAGS) -c -o $@ $<
 
 # The bundled Lua (lua/*.lua) is compiled into the binary so that a policy always meets
 # the API version the core was built with.
 $(B)/lua_embed.c: $(LUA_SRC) contrib/embed-lua.sh | $(B)/.dir
-	sh contrib/embed-lua.sh $(LUA_SRC) > $@
+	@sh contrib/embed-lua.sh $(LUA_SRC) > $@
 $(B)/lua_embed.o: $(B)/lua_embed.c
-	$(CC) $(CFLAGS) -c -o $@ $<
+	@$(CC) $(CFLAGS) -c -o $@ $<
 
 $(B)/test_%: tests/unit/test_%.c tests/unit/check.h $(CORE_OBJ)
-	$(CC) $(CFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(CORE_OBJ) $(LDLIBS)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(CORE_OBJ) $(LDLIBS)
 
 $(B)/.dir:
 	@mkdir -p $(B) && touch $@

@@ -762,21 +762,11 @@ int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_chi
         errno = EPIPE;
         return -1;
     }
-    int in[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1}, status[2] = {-1, -1};
+    struct spawn_pipes p;
+    if (spawn_pipes_open(&p, req->with_stdin) < 0)
+        return -1;
     struct buf b = {0};
     int rc = -1, e = 0;
-    if ((req->with_stdin && pipe2(in, O_CLOEXEC) < 0) || pipe2(outp, O_CLOEXEC) < 0 ||
-        pipe2(errp, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0) {
-        e = errno;
-        goto out;
-    }
-    if (!req->with_stdin) {
-        in[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        if (in[0] < 0) {
-            e = errno;
-            goto out;
-        }
-    }
     struct zyg_msg h = {
         .magic = ZYG_MAGIC, .argc = (uint32_t)strv_len(req->argv),
         .envc = (uint32_t)strv_len(req->envp),
@@ -794,44 +784,27 @@ int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_chi
         put_str(&b, req->envp[i]);
     for (uint32_t i = 0; i < h.rwc; i++)
         put_str(&b, req->rw_paths[i]);
-    if (b.len > ZYG_MAX_MSG) {
-        e = E2BIG;
-        goto out;
-    }
-    int fds[4] = {in[0], outp[1], errp[1], status[1]};
+    int fds[4] = {p.in[0], p.out[1], p.err[1], p.status[1]};
     int32_t answer[2];
     int pidfd = -1, nfds = 0;
-    if (send_with_fds(z->sock, b.data, b.len, fds, 4) < 0 ||
-        recv_with_fds(z->sock, answer, sizeof answer, &pidfd, 1, &nfds) != sizeof answer) {
+    if (b.len > ZYG_MAX_MSG) {
+        e = E2BIG;
+    } else if (send_with_fds(z->sock, b.data, b.len, fds, 4) < 0 ||
+               recv_with_fds(z->sock, answer, sizeof answer, &pidfd, 1, &nfds) !=
+                   sizeof answer) {
         e = errno ? errno : EPIPE;
-        z->broken = true;
-        if (nfds)
-            close(pidfd);
-        goto out;
-    }
-    if (answer[0] <= 0 || nfds != 1) {
+        z->broken = true;           /* the session's calls fail from now on, never hang */
+    } else if (answer[0] <= 0 || nfds != 1) {
         e = answer[1] ? answer[1] : EAGAIN;
-        if (nfds)
-            close(pidfd);
-        goto out;
+    } else {
+        spawn_pipes_finish(&p, answer[0], pidfd, true, out);
+        pidfd = -1;
+        rc = 0;
     }
-    close_quietly(&in[0]);
-    close_quietly(&outp[1]);
-    close_quietly(&errp[1]);
-    close_quietly(&status[1]);
-    if (in[1] >= 0)
-        fd_set_nonblock(in[1]);
-    fd_set_nonblock(outp[0]);
-    fd_set_nonblock(errp[0]);
-    fd_set_nonblock(status[0]);
-    *out = (struct spawn_child){answer[0], pidfd, in[1], outp[0], errp[0], status[0], true};
-    in[1] = outp[0] = errp[0] = status[0] = -1;
-    rc = 0;
-out:
+    if (nfds && pidfd >= 0)
+        close(pidfd);
     buf_free(&b);
-    int *all[] = {&in[0], &in[1], &outp[0], &outp[1], &errp[0], &errp[1], &status[0], &status[1]};
-    for (size_t i = 0; i < ARRAY_LEN(all); i++)
-        close_quietly(all[i]);
+    spawn_pipes_close(&p);
     errno = e;
     return rc;
 }

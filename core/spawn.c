@@ -260,10 +260,9 @@ void spawn_shim_enter(const struct spawn_req *req, int in_fd, int out_fd, int er
     sigset_t set;
     shim_sigset(&set);
     sigprocmask(SIG_SETMASK, &set, NULL);
-    int tool_in = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY | O_CLOEXEC);
     /* Sources are all >= 3 (the supervisor keeps 0,1,2 open), so these dup2 calls
      * never clobber one another. */
-    if (tool_in < 0 || dup2(tool_in, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0 ||
+    if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0 ||
         dup2(status_fd, SHIM_STATUS_FD) < 0)
         _exit(1);
     fcntl(SHIM_STATUS_FD, F_SETFD, FD_CLOEXEC);
@@ -271,13 +270,54 @@ void spawn_shim_enter(const struct spawn_req *req, int in_fd, int out_fd, int er
     shim_main(req, parent);
 }
 
+int spawn_pipes_open(struct spawn_pipes *p, bool with_stdin)
+{
+    *p = (struct spawn_pipes){{-1, -1}, {-1, -1}, {-1, -1}, {-1, -1}};
+    if ((with_stdin ? pipe2(p->in, O_CLOEXEC)
+                    : (p->in[0] = open("/dev/null", O_RDONLY | O_CLOEXEC))) < 0 ||
+        pipe2(p->out, O_CLOEXEC) < 0 || pipe2(p->err, O_CLOEXEC) < 0 ||
+        pipe2(p->status, O_CLOEXEC) < 0) {
+        spawn_pipes_close(p);
+        return -1;
+    }
+    return 0;
+}
+
+void spawn_pipes_close(struct spawn_pipes *p)
+{
+    int e = errno;
+    int *fds[] = {&p->in[0], &p->in[1], &p->out[0], &p->out[1], &p->err[0], &p->err[1],
+                  &p->status[0], &p->status[1]};
+    for (size_t i = 0; i < ARRAY_LEN(fds); i++)
+        close_quietly(fds[i]);
+    errno = e;
+}
+
+void spawn_pipes_finish(struct spawn_pipes *p, pid_t pid, int pidfd, bool not_our_child,
+                        struct spawn_child *out)
+{
+    /* The child's ends stay only with the child, so EOF means its tree is done. */
+    close_quietly(&p->in[0]);
+    close_quietly(&p->out[1]);
+    close_quietly(&p->err[1]);
+    close_quietly(&p->status[1]);
+    /* Non-blocking: the loop must never stall on a tool that does not read its stdin or
+     * floods its output. */
+    if (p->in[1] >= 0)
+        fd_set_nonblock(p->in[1]);
+    fd_set_nonblock(p->out[0]);
+    fd_set_nonblock(p->err[0]);
+    fd_set_nonblock(p->status[0]);
+    *out = (struct spawn_child){pid, pidfd, p->in[1], p->out[0], p->err[0], p->status[0],
+                                not_our_child};
+    p->in[1] = p->out[0] = p->err[0] = p->status[0] = -1;
+}
+
 int spawn_start(const struct spawn_req *req, struct spawn_child *out)
 {
-    int in[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1}, status[2] = {-1, -1};
-    if ((req->with_stdin && pipe2(in, O_CLOEXEC) < 0) || pipe2(outp, O_CLOEXEC) < 0 ||
-        pipe2(errp, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0)
-        goto fail;
-
+    struct spawn_pipes p;
+    if (spawn_pipes_open(&p, req->with_stdin) < 0)
+        return -1;
     /* Block everything across fork so no inherited handler runs in the child before it
      * resets the dispositions. */
     sigset_t all, old;
@@ -286,40 +326,20 @@ int spawn_start(const struct spawn_req *req, struct spawn_child *out)
     pid_t supervisor = getpid();
     pid_t pid = fork();
     if (pid == 0)
-        spawn_shim_enter(req, in[0], outp[1], errp[1], status[1], supervisor);
+        spawn_shim_enter(req, p.in[0], p.out[1], p.err[1], p.status[1], supervisor);
     int fork_errno = errno;
     sigprocmask(SIG_SETMASK, &old, NULL);
-    if (pid < 0) {
-        errno = fork_errno;
-        goto fail;
-    }
-    int pidfd = pidfd_open(pid, 0);
-    if (pidfd < 0) {
-        int e = errno;
-        kill(pid, SIGKILL);      /* not yet reaped by anyone: the pid is still ours */
-        waitpid(pid, NULL, 0);
+    int pidfd = pid > 0 ? pidfd_open(pid, 0) : -1;
+    if (pid < 0 || pidfd < 0) {
+        int e = pid < 0 ? fork_errno : errno;
+        if (pid > 0) {
+            kill(pid, SIGKILL);      /* not yet reaped by anyone: the pid is still ours */
+            waitpid(pid, NULL, 0);
+        }
+        spawn_pipes_close(&p);
         errno = e;
-        goto fail;
+        return -1;
     }
-    close_quietly(&in[0]);
-    close_quietly(&outp[1]);
-    close_quietly(&errp[1]);
-    close_quietly(&status[1]);
-    /* Non-blocking: the loop must never stall on a tool that does not read its stdin or
-     * floods its output. */
-    if (in[1] >= 0)
-        fd_set_nonblock(in[1]);
-    fd_set_nonblock(outp[0]);
-    fd_set_nonblock(errp[0]);
-    fd_set_nonblock(status[0]);
-    *out = (struct spawn_child){pid, pidfd, in[1], outp[0], errp[0], status[0], false};
+    spawn_pipes_finish(&p, pid, pidfd, false, out);
     return 0;
-
-fail:;
-    int e = errno;
-    int *fds[] = {&in[0], &in[1], &outp[0], &outp[1], &errp[0], &errp[1], &status[0], &status[1]};
-    for (size_t i = 0; i < ARRAY_LEN(fds); i++)
-        close_quietly(fds[i]);
-    errno = e;
-    return -1;
 }

@@ -64,6 +64,18 @@ struct shim_report {
     int32_t pad;
 };
 
+/* The four pipes of a call: the tool's stdin (or /dev/null), stdout, stderr, and the
+ * shim's report. [0] read ends, [1] write ends; in[0], out[1], err[1], status[1] go to
+ * the child. */
+struct spawn_pipes {
+    int in[2], out[2], err[2], status[2];
+};
+int spawn_pipes_open(struct spawn_pipes *p, bool with_stdin);
+void spawn_pipes_close(struct spawn_pipes *p);
+/* The child has them: close its ends here, make ours non-blocking, fill *out. */
+void spawn_pipes_finish(struct spawn_pipes *p, pid_t pid, int pidfd, bool not_our_child,
+                        struct spawn_child *out);
+
 /* Start the shim and the tool. 0, or -1 with errno (nothing left open or running). */
 int spawn_start(const struct spawn_req *req, struct spawn_child *out);
 
