@@ -69,7 +69,7 @@ check-lua: stockade
 
 check-integration: stockade
 	STOCKADE_BIN=$(CURDIR)/stockade PYTHONPATH=contrib/python \
-	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration tests/security
 
 # libFuzzer over the decoder and dispatcher of `serve`, spawning stubbed.
 FUZZ_SECONDS ?= 60

@@ -4,7 +4,7 @@
 set -eu
 
 PKGS="gcc make pkg-config liblua5.4-dev lua5.4 libev-dev libmsgpack-dev libseccomp-dev nettle-dev lua-cjson-dev \
-lua-unit lua-cjson python3-msgpack python3-pytest json-schema-test-suite"
+lua-unit lua-cjson python3-msgpack python3-pytest json-schema-test-suite iproute2 strace curl"
 [ "${1:-}" = "--with-clang" ] && PKGS="$PKGS clang"
 
 missing=""

@@ -430,6 +430,12 @@ static void classify(struct call *c, const struct shim_report *rep)
                    c->kill_layer);
         return;
     }
+    if (rep->killed_for == SHIM_KILLED_MEMORY) {
+        set_result(c, CLASS_RESOURCE_LIMIT, false,
+                   xasprintf("the call's processes together went over the memory limit of "
+                             "%lld MiB", (long long)(c->policy->limits.memory >> 20)), NULL);
+        return;
+    }
     int64_t cpu_limit_ms = c->policy->timeouts.cpu_ms;
     if (r->signal == SIGXCPU || (r->signal == SIGKILL && cpu_limit_ms > 0 &&
                                  r->cpu_ms >= cpu_limit_ms)) {

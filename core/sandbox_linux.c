@@ -36,9 +36,13 @@
 #define LL_ACCESS_NET_BIND_TCP (1ULL << 0)
 #define LL_ACCESS_NET_CONNECT_TCP (1ULL << 1)
 
-struct ll_ruleset_attr {            /* landlock_ruleset_attr, ABI 4+ layout */
+#define LL_SCOPE_ABSTRACT_UNIX_SOCKET (1ULL << 0)
+#define LL_SCOPE_SIGNAL (1ULL << 1)
+
+struct ll_ruleset_attr {            /* landlock_ruleset_attr, ABI 6 layout */
     __u64 handled_access_fs;
-    __u64 handled_access_net;
+    __u64 handled_access_net;       /* ABI 4+ */
+    __u64 scoped;                   /* ABI 6+ */
 };
 
 static const char *const layer_names[LAYER_COUNT] = {
@@ -203,8 +207,15 @@ int sandbox_apply_landlock(const struct sandbox_fs *fs, bool net_closed)
         write |= LANDLOCK_ACCESS_FS_TRUNCATE;
     struct ll_ruleset_attr attr = {.handled_access_fs = write};
     size_t attr_size = sizeof attr.handled_access_fs;
-    if (abi >= 4 && net_closed) {
-        attr.handled_access_net = LL_ACCESS_NET_BIND_TCP | LL_ACCESS_NET_CONNECT_TCP;
+    if (abi >= 4) {
+        if (net_closed)
+            attr.handled_access_net = LL_ACCESS_NET_BIND_TCP | LL_ACCESS_NET_CONNECT_TCP;
+        attr_size = 2 * sizeof(__u64);
+    }
+    /* Abstract unix sockets and signals stay inside the tool's own domain: no talking to
+     * a host daemon's @socket, no signals to processes outside the call. */
+    if (abi >= 6) {
+        attr.scoped = LL_SCOPE_ABSTRACT_UNIX_SOCKET | LL_SCOPE_SIGNAL;
         attr_size = sizeof attr;
     }
     int rs = (int)syscall(SYS_landlock_create_ruleset, &attr, attr_size, 0);
@@ -238,6 +249,8 @@ static const char *const denied_syscalls[] = {
     "swapoff", "reboot", "syslog", "acct", "quotactl", "iopl", "ioperm", "lookup_dcookie",
     "vhangup", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
     "pidfd_getfd", "kcmp", "fanotify_init",
+    /* io_uring makes sockets (and more) without the socket() syscall this filter sees */
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
 };
 
 static int seccomp_build(bool net_closed, scmp_filter_ctx *out)
@@ -481,12 +494,33 @@ static void build_world(const struct zygote_config *cfg, uid_t outer_uid, gid_t 
         zdie("make / private");
 
     /* Everything we need from the host tree, taken before anything is mounted over it:
-     * the host root (recursively), the session root, the devices, the policy's mounts. */
-    int host = clone_tree("/", true);
-    if (host < 0)
-        zdie("clone /");
-    if (set_attr(host, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, true) < 0)
-        zdie("read-only host tree");
+     * the system directories (read-only), the session root, the devices, the policy's
+     * mounts. The new root itself is an empty tmpfs: of the host, a tool sees the
+     * programs and libraries it runs and /etc, nothing else (no /srv, /opt, /home, /var,
+     * no checkout of anyone's). */
+    static const char *const system_dirs[] = {"/usr", "/bin", "/sbin", "/lib", "/lib32",
+                                              "/lib64", "/libx32", "/etc", "/sys", "/proc"};
+    int sysfd[ARRAY_LEN(system_dirs)];
+    char syslink[ARRAY_LEN(system_dirs)][256];
+    for (size_t i = 0; i < ARRAY_LEN(system_dirs); i++) {
+        sysfd[i] = -1;
+        syslink[i][0] = 0;
+        struct stat st;
+        if (lstat(system_dirs[i], &st) < 0)
+            continue;
+        if (S_ISLNK(st.st_mode)) {      /* merged /usr: /bin -> usr/bin */
+            ssize_t n = readlink(system_dirs[i], syslink[i], sizeof syslink[i] - 1);
+            syslink[i][n > 0 ? n : 0] = 0;
+            continue;
+        }
+        sysfd[i] = clone_tree(system_dirs[i], true);
+        /* /proc keeps its own attributes: a user namespace may mount a new proc only
+         * where a fully visible one exists; each call mounts its own over it anyway */
+        if (sysfd[i] < 0 || (strcmp(system_dirs[i], "/proc") != 0 &&
+                             set_attr(sysfd[i], MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID |
+                                      MOUNT_ATTR_NODEV, true) < 0))
+            zdie(system_dirs[i]);
+    }
     int session = clone_tree(cfg->session_root, false);
     if (session < 0)
         zdie("clone the session root");
@@ -517,58 +551,49 @@ static void build_world(const struct zygote_config *cfg, uid_t outer_uid, gid_t 
     if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") < 0)
         zdie("scaffold tmpfs");
     mkdir(NEWROOT, 0755);
-    if (attach(host, NEWROOT) < 0)
-        zdie("attach the host tree");
+    if (mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m") < 0)
+        zdie("root tmpfs");
     char path[4096];
-    /* /tmp and /var/tmp are the session's tmp. Where the state dir lies beneath one of
-     * them (tests, odd set-ups), that one is an empty read-only tmpfs holding just the
-     * path to the state dir instead: the host's files stay hidden either way. */
-    static const char *const tmps[] = {"/tmp", "/var/tmp"};
-    bool tmp_holds_state[ARRAY_LEN(tmps)];
-    for (size_t i = 0; i < ARRAY_LEN(tmps); i++) {
-        size_t tl = strlen(tmps[i]);
-        tmp_holds_state[i] = strncmp(cfg->state_dir, tmps[i], tl) == 0 &&
-                             (cfg->state_dir[tl] == '/' || cfg->state_dir[tl] == 0);
-        snprintf(path, sizeof path, NEWROOT "%s", tmps[i]);
-        if (tmp_holds_state[i]) {
-            if (mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                      "mode=0755,size=64k") < 0)
-                zdie(tmps[i]);
-        } else {
-            /* a copy of the detached clone, so each place gets its own mount */
-            int t = (int)syscall(SYS_open_tree, session_tmp, "",
-                                 OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
-            if (t < 0 || attach(t, path) < 0)
-                zdie(tmps[i]);
-            close(t);
+    for (size_t i = 0; i < ARRAY_LEN(system_dirs); i++) {
+        snprintf(path, sizeof path, NEWROOT "%s", system_dirs[i]);
+        if (syslink[i][0] && symlink(syslink[i], path) < 0)
+            zdie(system_dirs[i]);
+        if (sysfd[i] >= 0) {
+            mkdir(path, 0755);
+            if (attach(sysfd[i], path) < 0)
+                zdie(system_dirs[i]);
         }
     }
-    /* Other sessions are hidden: an empty tmpfs over sessions/, ours bound back in. */
-    snprintf(path, sizeof path, NEWROOT "%s/sessions", cfg->state_dir);
-    mkdirs(path, 0711);
-    if (mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0711,size=64k") < 0)
-        zdie("hide the other sessions");
-    snprintf(path, sizeof path, NEWROOT "%s", cfg->session_root);
-    mkdirs(path, 0700);
-    if (attach(session, path) < 0)
-        zdie("attach the session root");
-    for (size_t i = 0; i < ARRAY_LEN(tmps); i++) {
-        snprintf(path, sizeof path, NEWROOT "%s", tmps[i]);
-        if (tmp_holds_state[i] &&
-            mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV |
-                  MS_NOEXEC, NULL) < 0)
-            zdie("read-only tmp");
-    }
-    /* The host's personal and runtime dirs: empty and read-only. */
-    static const char *const empties[] = {"/home", "/root", "/run", "/mnt", "/media"};
+    /* empty: the host's personal and runtime dirs do not exist here */
+    static const char *const empties[] = {"/home", "/root", "/run", "/var", "/var/tmp",
+                                          "/tmp", "/dev", "/mnt"};
     for (size_t i = 0; i < ARRAY_LEN(empties); i++) {
         snprintf(path, sizeof path, NEWROOT "%s", empties[i]);
-        struct stat st;
-        if (stat(path, &st) == 0 &&
-            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
-                  "mode=0755,size=4k") < 0)
-            zdie(empties[i]);
+        mkdir(path, 0755);
     }
+    /* /tmp and /var/tmp are the session's tmp. Where the state dir lies beneath one of
+     * them (tests, odd set-ups), that one stays an empty read-only dir holding just the
+     * path to the state dir. */
+    static const char *const tmps[] = {"/tmp", "/var/tmp"};
+    for (size_t i = 0; i < ARRAY_LEN(tmps); i++) {
+        size_t tl = strlen(tmps[i]);
+        if (strncmp(cfg->state_dir, tmps[i], tl) == 0 &&
+            (cfg->state_dir[tl] == '/' || cfg->state_dir[tl] == 0))
+            continue;
+        snprintf(path, sizeof path, NEWROOT "%s", tmps[i]);
+        /* a copy of the detached clone, so each place gets its own mount */
+        int t = (int)syscall(SYS_open_tree, session_tmp, "",
+                             OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+        if (t < 0 || attach(t, path) < 0)
+            zdie(tmps[i]);
+        close(t);
+    }
+    /* The session's own root, at the same path as outside (AGENT_ROOT means the same
+     * thing on both sides); no other session exists here. */
+    snprintf(path, sizeof path, NEWROOT "%s", cfg->session_root);
+    mkdirs(path, 0711);     /* traversable by the tool's uid, not listable */
+    if (attach(session, path) < 0)
+        zdie("attach the session root");
     /* A minimal /dev. */
     if (mount("tmpfs", NEWROOT "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k") < 0)
         zdie("/dev");
@@ -596,6 +621,9 @@ static void build_world(const struct zygote_config *cfg, uid_t outer_uid, gid_t 
             zdie(cfg->mounts[i].dest);
     }
     free(mfd);
+    /* Nothing more is created in the root: read-only from here on. */
+    if (mount(NULL, NEWROOT, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755") < 0)
+        zdie("read-only root");
     /* Swap roots; the old one is detached, unreachable. */
     if (chdir(NEWROOT) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
         umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)

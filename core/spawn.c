@@ -3,7 +3,10 @@
 #include "sandbox.h"
 #include "util.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
@@ -139,6 +142,65 @@ static bool shim_reap(pid_t tool, bool *tool_done, int *tool_status)
 
 static void shim_noop(int sig) { (void)sig; }
 
+/* Resident memory of the call's processes together: everyone in the pid namespace when
+ * we are its init, else the tree below us. */
+static int64_t tree_rss_kb(bool pid1)
+{
+    int64_t total = 0;
+    long page_kb = sysconf(_SC_PAGESIZE) / 1024;
+    DIR *d = opendir("/proc");
+    if (!d)
+        return 0;
+    struct dirent *de;
+    pid_t self = getpid();
+    while ((de = readdir(d))) {
+        if (de->d_name[0] < '1' || de->d_name[0] > '9')
+            continue;
+        pid_t pid = (pid_t)atoi(de->d_name);
+        if (pid == self)
+            continue;
+        char path[64], buf[256];
+        if (!pid1) {
+            /* only our descendants: walk up the parents to us (bounded) */
+            pid_t p = pid;
+            for (int hops = 0; hops < 64 && p > 1 && p != self; hops++) {
+                snprintf(path, sizeof path, "/proc/%d/stat", (int)p);
+                int fd = open(path, O_RDONLY | O_CLOEXEC);
+                ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+                if (fd >= 0)
+                    close(fd);
+                if (n <= 0) {
+                    p = 0;
+                    break;
+                }
+                buf[n] = 0;
+                char *rp = strrchr(buf, ')');
+                int ppid = 0;
+                char st;
+                if (!rp || sscanf(rp + 1, " %c %d", &st, &ppid) != 2)
+                    p = 0;
+                else
+                    p = ppid;
+            }
+            if (p != self)
+                continue;
+        }
+        snprintf(path, sizeof path, "/proc/%d/statm", (int)pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+        if (fd >= 0)
+            close(fd);
+        if (n <= 0)
+            continue;
+        buf[n] = 0;
+        long size = 0, resident = 0;
+        if (sscanf(buf, "%ld %ld", &size, &resident) == 2)
+            total += resident * page_kb;
+    }
+    closedir(d);
+    return total;
+}
+
 /* Signal every process of the call's tree. As pid 1 of the call's own pid namespace,
  * that is everyone else in it; otherwise the walk below the shim. */
 static int shim_signal_tree(bool pid1, int sig)
@@ -231,9 +293,17 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent)
                 rep.swept += live;
             killing = true;
         }
-        struct timespec tick = {0, 20 * 1000 * 1000};
+        /* RLIMIT_AS caps each process; the tree together is watched here, ten times a
+         * second (no cgroup to do it for us on this kind of host). */
+        if (!killing && req->limits.memory > 0 &&
+            tree_rss_kb(pid1) * 1024 > req->limits.memory) {
+            rep.killed_for = SHIM_KILLED_MEMORY;
+            killing = true;
+            continue;
+        }
+        struct timespec tick = {0, (killing ? 20 : 100) * 1000 * 1000};
         siginfo_t si;
-        int sig = sigtimedwait(&set, &si, killing ? &tick : NULL);
+        int sig = sigtimedwait(&set, &si, killing || req->limits.memory > 0 ? &tick : NULL);
         if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
             if (!killing)
                 shim_signal_tree(pid1, SIGTERM);

@@ -52,6 +52,7 @@ enum shim_outcome {
 };
 
 #define SHIM_REPORT_MAGIC 0x53544b44u
+#define SHIM_KILLED_MEMORY 1        /* the tree together went over limits.memory */
 
 struct shim_report {
     uint32_t magic;
@@ -61,7 +62,7 @@ struct shim_report {
     int64_t cpu_us;             /* user + system of the whole tree */
     int64_t max_rss_kb;
     int32_t swept;              /* descendants still alive when the tool ended */
-    int32_t pad;
+    int32_t killed_for;         /* SHIM_KILLED_MEMORY when the shim ended it itself */
 };
 
 /* The four pipes of a call: the tool's stdin (or /dev/null), stdout, stderr, and the
