@@ -22,7 +22,7 @@ LUA_SRC  := $(wildcard lua/*.lua)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/%)
 
-.PHONY: all deps check check-unit check-lua check-integration demo fuzz clean
+.PHONY: all deps check check-unit check-lua check-integration demo fuzz clean bench bench-quick
 all: stockade
 
 # ./stockade is a copy of the variant just built, so `make SAN=1 check` tests the sanitized one.
@@ -94,6 +94,15 @@ fuzz: deps
 	@mkdir -p $(FZ)/corpus && cp -n tests/fuzz/corpus/* $(FZ)/corpus/ 2>/dev/null || true
 	$(FZ)/fuzz_rpc -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 \
 	    -print_final_stats=1 $(FZ)/corpus
+
+# The benchmark (tests/bench/run.py): one table, medians with p25-p75, ratios to baselines
+# measured in the same run. BENCH_ARGS="--json FILE" keeps every figure.
+bench: deps
+	@$(MAKE) --no-print-directory all
+	$(PYTHON) tests/bench/run.py $(BENCH_ARGS)
+bench-quick: deps
+	@$(MAKE) --no-print-directory all
+	$(PYTHON) tests/bench/run.py --quick $(BENCH_ARGS)
 
 demo: deps
 	@$(MAKE) --no-print-directory all

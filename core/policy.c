@@ -656,6 +656,42 @@ static void set_plugin_dirs(struct policy *p)
 
 extern char **environ;
 
+/* Counting sort of the prefixes by first byte (an i-prefix under both of its cases). */
+static void index_prefixes(struct tool_def *d)
+{
+    size_t n = 0;
+    for (char **p = d->redact_prefixes; p && *p; p++)
+        n++;
+    for (char **p = d->redact_iprefixes; p && *p; p++)
+        n += 2;
+    d->redact_index = xcalloc(n + 1, sizeof *d->redact_index);
+    size_t count[256] = {0};
+    for (int pass = 0; pass < 2; pass++) {
+        size_t next[256];
+        if (pass == 1) {
+            size_t at = 0;
+            for (int c = 0; c < 256; c++) {
+                d->redact_at[c] = (uint16_t)at;
+                next[c] = at;
+                at += count[c];
+            }
+            d->redact_at[256] = (uint16_t)at;
+        }
+        for (int ci = 0; ci < 2; ci++) {
+            for (char **p = ci ? d->redact_iprefixes : d->redact_prefixes; p && *p; p++) {
+                unsigned char c = (unsigned char)(*p)[0];
+                unsigned char cs[2] = {c, (unsigned char)(ci && c >= 'a' && c <= 'z' ? c - 32 : c)};
+                for (int k = 0; k < (ci && cs[1] != cs[0] ? 2 : 1); k++) {
+                    if (pass == 0)
+                        count[cs[k]]++;
+                    else
+                        d->redact_index[next[cs[k]]++] = (struct redact_prefix){*p, strlen(*p), ci};
+                }
+            }
+        }
+    }
+}
+
 /* engine.init(P, env): each tool's redaction chain; read back what the C fast path
  * needs. The environment is given to the engine only (for the values of denied names),
  * never to the policy. */
@@ -691,6 +727,7 @@ static enum policy_rc init_engine(struct policy *p, char **err)
         d->redact_prefixes = read_strv(L, -1);
         lua_getfield(L, -5, "iprefixes");
         d->redact_iprefixes = read_strv(L, -1);
+        index_prefixes(d);
         lua_pop(L, 6);
     }
     lua_pop(L, 1);
@@ -807,6 +844,7 @@ void policy_unref(struct policy *p)
         free(p->tools[i].where);
         free_strv(p->tools[i].redact_prefixes);
         free_strv(p->tools[i].redact_iprefixes);
+        free(p->tools[i].redact_index);
         free_strv(p->tools[i].env_allow);
     }
     free(p->tools);
@@ -1297,31 +1335,6 @@ char *policy_env_check(const struct policy *p, const struct tool_def *t, const c
     return NULL;
 }
 
-/* memmem, ASCII case-insensitively; `needle` is lower case. */
-static bool contains_ci(const char *hay, size_t len, const char *needle)
-{
-    size_t n = strlen(needle);
-    if (n == 0 || n > len)
-        return false;
-    char first = needle[0], up = (char)(first >= 'a' && first <= 'z' ? first - 32 : first);
-    for (size_t i = 0; i + n <= len; i++) {
-        if ((hay[i] == first || hay[i] == up) && strncasecmp(hay + i, needle, n) == 0)
-            return true;
-    }
-    return false;
-}
-
-static bool has_prefix(const struct tool_def *t, const char *text, size_t len)
-{
-    for (char **p = t->redact_prefixes; p && *p; p++)
-        if (memmem(text, len, *p, strlen(*p)))
-            return true;
-    for (char **p = t->redact_iprefixes; p && *p; p++)
-        if (contains_ci(text, len, *p))
-            return true;
-    return false;
-}
-
 /* The longest tail of text that is the beginning of some redactor's prefix. */
 static size_t partial_prefix_tail(const struct tool_def *t, const char *text, size_t len)
 {
@@ -1341,39 +1354,86 @@ static size_t partial_prefix_tail(const struct tool_def *t, const char *text, si
     return hold;
 }
 
+/* Offset of the first place in text where some redactor's literal prefix occurs, or
+ * len when none does. */
+static size_t first_prefix(const struct tool_def *t, const char *text, size_t len)
+{
+    /* One pass: only where a byte can start some prefix (redact_first) are the prefixes
+     * compared. Output without those bytes costs a table lookup per byte. */
+    const unsigned char *u = (const unsigned char *)text;
+    const uint16_t *at = t->redact_at;
+    for (size_t i = 0; i < len; i++) {
+        unsigned c = u[i];
+        for (unsigned k = at[c]; k < at[c + 1]; k++) {
+            const struct redact_prefix *rp = &t->redact_index[k];
+            if (i + rp->len > len)
+                continue;
+            if (rp->ci ? strncasecmp(text + i, rp->s, rp->len) == 0
+                       : memcmp(text + i + 1, rp->s + 1, rp->len - 1) == 0)
+                return i;
+        }
+    }
+    return len;
+}
+
 void policy_redact_feed(struct policy *p, const struct tool_def *t, const char *stream,
                         const char *session_id, struct buf *carry, const char *data, size_t n,
                         enum redact_mode mode, int64_t *count, redact_sink sink, void *ud)
 {
-    bool eof = mode == REDACT_EOF;
     if (n)
         buf_append(carry, data, n);
-    if (carry->len == 0)
-        return;
-    size_t used;
-    if (!t->redact_lua_always && !has_prefix(t, carry->data, carry->len)) {
-        /* no literal prefix of any redactor: nothing to find, except a prefix that the
-         * next read completes, so only a tail that starts one waits */
-        size_t hold = eof ? 0 : partial_prefix_tail(t, carry->data, carry->len);
-        used = carry->len - hold;
-        sink(ud, carry->data, used);
-    } else {
+    /* Redactors match from their literal prefix on: text before the first prefix goes
+     * out without Lua, and Lua sees a region of two windows from each prefix. Only
+     * function redactors (or prefix-less patterns) need Lua over everything. */
+    size_t off = 0, region_max = 2 * (t->redact_window ? t->redact_window : 1);
+    while (off < carry->len) {
+        const char *text = carry->data + off;
+        size_t len = carry->len - off;
+        size_t region = len;
+        enum redact_mode m = mode;
+        if (!t->redact_lua_always) {
+            size_t occ = first_prefix(t, text, len);
+            if (occ == len) {
+                /* nothing to find, except a prefix that the next read completes */
+                size_t hold = mode == REDACT_EOF ? 0 : partial_prefix_tail(t, text, len);
+                sink(ud, text, len - hold);
+                off += len - hold;
+                break;
+            }
+            if (occ > 0) {
+                sink(ud, text, occ);
+                off += occ;
+                continue;
+            }
+            if (len > region_max) {
+                region = region_max;
+                m = REDACT_MORE;
+            }
+        }
         struct buf out = {0};
-        used = 0;
-        enum policy_rc rc = policy_redact(p, t, stream, session_id, carry->data, carry->len,
-                                          mode, &out, &used, count);
+        size_t used = 0;
+        enum policy_rc rc = policy_redact(p, t, stream, session_id, text, region, m, &out,
+                                          &used, count);
+        if (rc == POLICY_OK && used == 0 && region < len) {
+            /* a match longer than its declared window: decide on the region as it is */
+            rc = policy_redact(p, t, stream, session_id, text, region, REDACT_EOF, &out, &used,
+                               count);
+        }
         if (rc != POLICY_OK) {
             /* fail closed: what could not be checked does not leave */
             static const char withheld[] = "[stockade: output withheld: redaction failed]\n";
             sink(ud, withheld, sizeof withheld - 1);
-            used = carry->len;
+            used = region;
         } else if (out.len) {
             sink(ud, out.data, out.len);
         }
         buf_free(&out);
+        off += used;
+        if (used == 0)
+            break;      /* held: it may still be the start of a secret */
     }
-    memmove(carry->data, carry->data + used, carry->len - used);
-    carry->len -= used;
+    memmove(carry->data, carry->data + off, carry->len - off);
+    carry->len -= off;
 }
 
 /* ---- describing a policy to another Lua state (gates, tests) ------------------------ */

@@ -24,6 +24,12 @@ struct policy_limits {
     int64_t alarm_zombies, alarm_fds, alarm_rss, alarm_processes, alarm_sessions;
 };
 
+struct redact_prefix {
+    const char *s;
+    size_t len;
+    bool ci;
+};
+
 struct tool_def {
     char *name;
     char *path;
@@ -43,6 +49,10 @@ struct tool_def {
     bool redact_lua_always;     /* a redactor without prefix, or a function */
     char **redact_prefixes;     /* NULL-terminated */
     char **redact_iprefixes;    /* the same, ASCII case-insensitive, lower-cased */
+    /* the prefixes indexed by their first byte (an i-prefix under both cases), so the
+     * scan compares only where a prefix can begin */
+    struct redact_prefix *redact_index;
+    uint16_t redact_at[257];    /* entries for byte c: [redact_at[c], redact_at[c+1]) */
     char **env_allow;           /* names this tool may receive, besides the policy's */
     size_t redact_window;
 };

@@ -151,6 +151,7 @@ end
 -- of the text, where more bytes could still extend it): the cut must move.
 local function adjust_cut(r, text, cut)
   if r.kind == "function" then return cut end
+  if r.prefix and not text:find(r.prefix, 1, true) then return cut end
   local init = 1
   local pat, plain = r.pattern, false
   if r.kind == "literal" then pat, plain = r.literal, true end
