@@ -67,9 +67,11 @@ LUA_TESTS := $(wildcard tests/lua/test_*.lua plugins/tests/test_*.lua policies/t
 check-lua: stockade
 	@set -e; for t in $(LUA_TESTS); do echo "== $$t"; ./stockade test $$t; done
 
+# Two runs: each directory has its own conftest.py.
+PYTEST := STOCKADE_BIN=$(CURDIR)/stockade PYTHONPATH=contrib/python $(PYTHON) -m pytest -q -p no:cacheprovider
 check-integration: stockade
-	STOCKADE_BIN=$(CURDIR)/stockade PYTHONPATH=contrib/python \
-	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration tests/security
+	$(PYTEST) tests/integration
+	$(PYTEST) tests/security
 
 # libFuzzer over the decoder and dispatcher of `serve`, spawning stubbed.
 FUZZ_SECONDS ?= 60
