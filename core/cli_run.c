@@ -151,6 +151,8 @@ int cli_run(int argc, char **argv)
         die("cannot create the event loop");
     proc_init(loop);
 
+    if (sandbox_seccomp_prepare() < 0)
+        die_errno("compiling the seccomp filter");
     const char *why = sandbox_level_unavailable(policy->isolation);
     if (why)
         die("policy %s requires isolation=%s, which this host cannot give: %s", policy_path,

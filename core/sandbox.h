@@ -42,6 +42,8 @@ struct sandbox_fs {
  * A layer the kernel lacks is skipped (the caps say so), never faked. */
 int sandbox_apply_landlock(const struct sandbox_fs *fs, bool net_closed);
 int sandbox_apply_seccomp(bool net_closed);
+/* Compile the filters once, up front (the supervisor calls this at start). */
+int sandbox_seccomp_prepare(void);
 
 /* ---- the warm zygote ---------------------------------------------------------------- */
 

@@ -6,7 +6,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/landlock.h>
+#include <linux/filter.h>
 #include <linux/mount.h>
+#include <linux/seccomp.h>
 #include <net/if.h>
 #include <sched.h>
 #include <seccomp.h>
@@ -300,21 +302,66 @@ static int seccomp_build(bool net_closed, scmp_filter_ctx *out)
     return 0;
 }
 
+/* The filter is compiled to BPF once per network setting, in the supervisor (and so
+ * inherited by every zygote and shim it forks): a call only loads it. */
+static struct sock_fprog compiled[2];
+
+static int seccomp_compile(bool net_closed, struct sock_fprog *out)
+{
+    scmp_filter_ctx ctx;
+    int rc = seccomp_build(net_closed, &ctx);
+    if (rc != 0)
+        return rc;
+    int fd = memfd_create("stockade-seccomp", MFD_CLOEXEC);
+    if (fd < 0 || (rc = seccomp_export_bpf(ctx, fd)) != 0) {
+        rc = rc ? rc : -errno;
+        goto out;
+    }
+    off_t len = lseek(fd, 0, SEEK_END);
+    if (len <= 0 || len % (off_t)sizeof(struct sock_filter) != 0) {
+        rc = -EINVAL;
+        goto out;
+    }
+    struct sock_filter *prog = xmalloc((size_t)len);
+    if (pread(fd, prog, (size_t)len, 0) != len) {
+        free(prog);
+        rc = -EIO;
+        goto out;
+    }
+    out->filter = prog;
+    out->len = (unsigned short)(len / (off_t)sizeof(struct sock_filter));
+out:
+    if (fd >= 0)
+        close(fd);
+    seccomp_release(ctx);
+    return rc;
+}
+
+int sandbox_seccomp_prepare(void)
+{
+    if (!sandbox_caps()->available[LAYER_SECCOMP])
+        return 0;
+    for (int closed = 0; closed < 2; closed++) {
+        if (compiled[closed].filter)
+            continue;
+        int rc = seccomp_compile(closed, &compiled[closed]);
+        if (rc != 0) {
+            errno = -rc;
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int sandbox_apply_seccomp(bool net_closed)
 {
     if (!sandbox_caps()->available[LAYER_SECCOMP])
         return 0;
-    scmp_filter_ctx ctx;
-    int rc = seccomp_build(net_closed, &ctx);
-    if (rc == 0) {
-        rc = seccomp_load(ctx);
-        seccomp_release(ctx);
-    }
-    if (rc != 0) {
-        errno = -rc;
+    if (!compiled[net_closed].filter && sandbox_seccomp_prepare() < 0)
         return -1;
-    }
-    return 0;
+    /* the kernel logs what the filter refuses (SECCOMP_FILTER_FLAG_LOG) */
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_LOG,
+                        &compiled[net_closed]);
 }
 
 /* ---- the zygote -------------------------------------------------------------------- */

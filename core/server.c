@@ -1301,6 +1301,8 @@ struct server *server_new(const struct server_opts *opts)
     if (!srv->policy)
         die("%s", err);
     srv->policy_path = xstrdup(opts->policy_path);
+    if (sandbox_seccomp_prepare() < 0)
+        die_errno("compiling the seccomp filter");
     const char *why = sandbox_level_unavailable(srv->policy->isolation);
     if (why)
         die("policy %s requires isolation=%s, which this host cannot give: %s",
