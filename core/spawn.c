@@ -293,15 +293,16 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent)
                 rep.swept += live;
             killing = true;
         }
-        /* RLIMIT_AS caps each process; the tree together is watched here, ten times a
-         * second (no cgroup to do it for us on this kind of host). */
+        /* RLIMIT_AS caps each process; the tree together is watched here, twenty times
+         * a second (no cgroup to do it for us on this kind of host): a tree can overshoot
+         * by what it allocates in one interval, never for long. */
         if (!killing && req->limits.memory > 0 &&
             tree_rss_kb(pid1) * 1024 > req->limits.memory) {
             rep.killed_for = SHIM_KILLED_MEMORY;
             killing = true;
             continue;
         }
-        struct timespec tick = {0, (killing ? 20 : 100) * 1000 * 1000};
+        struct timespec tick = {0, (killing ? 20 : 50) * 1000 * 1000};
         siginfo_t si;
         int sig = sigtimedwait(&set, &si, killing || req->limits.memory > 0 ? &tick : NULL);
         if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
