@@ -42,7 +42,7 @@ void acct_sample_take(struct acct_sample *s)
         }
         closedir(d);
     }
-    proc_count_tree(&s->processes, &s->zombies);
+    proc_count_tree(&s->processes, &s->zombies, &s->owned_zombies);
     long pages = 0, resident = 0;
     FILE *f = fopen("/proc/self/statm", "re");
     if (f) {

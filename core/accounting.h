@@ -10,6 +10,7 @@ struct acct_sample {
     int fds;                    /* all open descriptors */
     int fd_pipe, fd_pidfd, fd_socket, fd_other;
     unsigned processes, zombies;
+    unsigned owned_zombies;     /* ours or a shim's to reap: the leak the alarm watches */
     int64_t rss_kb;
 };
 

@@ -13,7 +13,8 @@
 #define READ_CHUNK 65536
 #define READS_PER_EVENT 4       /* a flooding tool must not starve the other calls */
 #define DRAIN_AFTER_EXIT_MS 2000
-#define LAST_RESORT_MS 2000     /* after SIGUSR1, how long the shim gets before SIGKILL */
+#define LAST_RESORT_MS 10000    /* after SIGUSR1, how long the shim gets before SIGKILL
+                                 * (a loaded host can take seconds to end a fork bomb) */
 
 static const char *const class_names[] = {
     [CLASS_OK] = "OK",
@@ -470,9 +471,17 @@ static void on_shim_exit(struct proc *p, int wstatus, void *ud)
     if (n != (ssize_t)sizeof rep || rep.magic != SHIM_REPORT_MAGIC) {
         /* Only a killed shim reports nothing; its orphans are now ours to end. */
         int swept = proc_sweep_orphans();
-        set_result(c, CLASS_INTERNAL, false,
-                   xasprintf("the call's supervisor process died (status %#x); %d leftover "
-                             "processes killed", (unsigned)wstatus, swept), NULL);
+        if (c->kill_class != CLASS_OK) {
+            /* we were ending it anyway (timeout, deadline, cancel): that is the answer */
+            set_result(c, c->kill_class, c->kill_class == CLASS_TOOL_TIMEOUT && c->idempotent,
+                       xasprintf("%s; the process tree was killed outright (%d leftover "
+                                 "processes)", c->kill_class == CLASS_TOOL_TIMEOUT
+                                     ? "timed out" : "stopped", swept), c->kill_layer);
+        } else {
+            set_result(c, CLASS_INTERNAL, false,
+                       xasprintf("the call's supervisor process died (status %#x); %d leftover "
+                                 "processes killed", (unsigned)wstatus, swept), NULL);
+        }
     } else {
         classify(c, &rep);
         c->ran = rep.outcome == SHIM_EXITED && c->kill_class == CLASS_OK;

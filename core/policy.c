@@ -1432,6 +1432,8 @@ void policy_redact_feed(struct policy *p, const struct tool_def *t, const char *
         if (used == 0)
             break;      /* held: it may still be the start of a secret */
     }
+    if (off == 0)
+        return;
     memmove(carry->data, carry->data + off, carry->len - off);
     carry->len -= off;
 }

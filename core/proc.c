@@ -262,22 +262,28 @@ int proc_sweep_orphans(void)
     return n;
 }
 
-void proc_count_tree(unsigned *live, unsigned *zombies)
+void proc_count_tree(unsigned *live, unsigned *zombies, unsigned *owned)
 {
     struct pidset tree = {0};
-    pidset_add(&tree, getpid());
+    pid_t self = getpid();
+    pidset_add(&tree, self);
     for (size_t i = 0; i < tree.n && tree.n < 100000; i++)
         read_children(tree.v[i], &tree);
     *live = *zombies = 0;
+    if (owned)
+        *owned = 0;
     for (size_t i = 1; i < tree.n; i++) {
         pid_t ppid;
         char state;
         if (read_stat(tree.v[i], &ppid, &state) < 0)
             continue;
-        if (state == 'Z')
-            (*zombies)++;
-        else
+        if (state != 'Z') {
             (*live)++;
+            continue;
+        }
+        (*zombies)++;
+        if (owned && (ppid == self || find(ppid)))
+            (*owned)++;
     }
     free(tree.v);
 }

@@ -41,7 +41,9 @@ unsigned long proc_orphans_reaped(void);
  * hit. Returns the number of live descendants signalled (zombies are not counted). */
 int proc_signal_descendants(pid_t root, int sig, bool skip_registered);
 
-/* Live and zombie processes below the supervisor (every call's tree, and orphans). */
-void proc_count_tree(unsigned *live, unsigned *zombies);
+/* Live and zombie processes below the supervisor (every call's tree, and orphans).
+ * `owned` counts the zombies that are ours or a shim's to reap — a leak if they stay;
+ * a zombie whose parent is a tool process is that tool's business until its tree ends. */
+void proc_count_tree(unsigned *live, unsigned *zombies, unsigned *owned);
 
 #endif

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/pidfd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -103,6 +105,8 @@ struct server {
     ev_timer metrics_timer;
     int leaked[64];                 /* debug.leak: fds held on purpose, for alarm tests */
     int nleaked;
+    struct proc zombie_holder;      /* debug.zombie: a child that never reaps its own */
+    bool holding_zombie;
 };
 
 /* ---- small helpers ------------------------------------------------------------------ */
@@ -775,7 +779,7 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     (void)params;
     struct server *srv = conn->srv;
     unsigned live, zombies;
-    proc_count_tree(&live, &zombies);
+    proc_count_tree(&live, &zombies, NULL);
     msgpack_packer *pk = result_begin(conn, msgid, 14);
     rpc_pack_kv_int(pk, "sessions", srv->nsessions);
     rpc_pack_kv_int(pk, "running", srv->running);
@@ -888,7 +892,7 @@ static void alarm_message(const struct server *srv, enum alarm_kind k, char *out
     const struct alarm *a = &srv->alarms[k];
     switch (k) {
     case ALARM_ZOMBIES:
-        snprintf(out, n, "%lld zombie processes below the supervisor (threshold %lld)",
+        snprintf(out, n, "%lld zombies left unreaped by the supervisor or a shim (threshold %lld)",
                  (long long)a->value, (long long)a->threshold);
         break;
     case ALARM_FDS:
@@ -952,7 +956,7 @@ static void on_sample(struct ev_loop *loop, ev_timer *w, int revents)
     acct_sample_take(&srv->last);
     alarm_thresholds(srv);
     int64_t values[ALARM_COUNT] = {
-        [ALARM_ZOMBIES] = srv->last.zombies, [ALARM_FDS] = srv->last.fds,
+        [ALARM_ZOMBIES] = srv->last.owned_zombies, [ALARM_FDS] = srv->last.fds,
         [ALARM_RSS] = srv->last.rss_kb, [ALARM_PROCESSES] = srv->last.processes,
         [ALARM_SESSIONS] = srv->nsessions,
     };
@@ -1050,6 +1054,44 @@ static void m_debug_leak(struct srv_conn *conn, uint32_t msgid, const msgpack_ob
     rpc_conn_flush(conn->rpc);
 }
 
+static void on_holder_exit(struct proc *p, int wstatus, void *ud)
+{
+    (void)p, (void)wstatus;
+    struct server *srv = ud;
+    srv->holding_zombie = false;
+}
+
+/* debug.zombie: a registered child that forks a grandchild which exits at once, and
+ * never reaps it — a zombie the supervisor's side owns, as a leak would leave one. */
+static void m_debug_zombie(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
+{
+    (void)params;
+    struct server *srv = conn->srv;
+    if (!srv->opts->debug_hooks) {
+        bad_request(conn, msgid, "unknown method 'debug.zombie'");
+        return;
+    }
+    if (!srv->holding_zombie) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+            signal(SIGCHLD, SIG_DFL);
+            if (fork() == 0)
+                _exit(0);
+            for (;;)
+                pause();
+        }
+        int pidfd = pid > 0 ? pidfd_open(pid, 0) : -1;
+        if (pidfd >= 0) {
+            proc_watch(&srv->zombie_holder, pid, pidfd, on_holder_exit, srv);
+            srv->holding_zombie = true;
+        }
+    }
+    msgpack_packer *pk = result_begin(conn, msgid, 1);
+    rpc_pack_kv_bool(pk, "holding", srv->holding_zombie);
+    rpc_conn_flush(conn->rpc);
+}
+
 static void m_debug_unleak(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
     (void)params;
@@ -1060,6 +1102,8 @@ static void m_debug_unleak(struct srv_conn *conn, uint32_t msgid, const msgpack_
     }
     while (srv->nleaked > 0)
         close_quietly(&srv->leaked[--srv->nleaked]);
+    if (srv->holding_zombie)
+        proc_signal(&srv->zombie_holder, SIGKILL);  /* its zombie is reparented, reaped */
     msgpack_packer *pk = result_begin(conn, msgid, 1);
     rpc_pack_kv_int(pk, "leaked", 0);
     rpc_conn_flush(conn->rpc);
@@ -1081,6 +1125,7 @@ static const struct {
     {"policy.reload", m_policy_reload},
     {"debug.leak", m_debug_leak},
     {"debug.unleak", m_debug_unleak},
+    {"debug.zombie", m_debug_zombie},
 };
 
 static void on_message(struct rpc_conn *rpc, const msgpack_object *msg)
@@ -1232,6 +1277,8 @@ static void maybe_stop(struct server *srv)
         return;
     srv->stopping = true;
     ev_timer_stop(srv->loop, &srv->drain_timer);
+    if (srv->holding_zombie)
+        proc_signal(&srv->zombie_holder, SIGKILL);
     while (srv->sessions) {
         struct srv_session *ss = srv->sessions;
         ss->ending = true;
