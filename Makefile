@@ -68,7 +68,8 @@ check-lua: stockade
 	@set -e; for t in $(LUA_TESTS); do echo "== $$t"; ./stockade test $$t; done
 
 # Two runs: each directory has its own conftest.py.
-PYTEST := STOCKADE_BIN=$(CURDIR)/stockade PYTHONPATH=contrib/python $(PYTHON) -m pytest -q -p no:cacheprovider
+PYTEST := STOCKADE_BIN=$(CURDIR)/stockade STOCKADE_SANITIZED=$(SAN) PYTHONPATH=contrib/python \
+          $(PYTHON) -m pytest -q -p no:cacheprovider
 check-integration: stockade
 	$(PYTEST) tests/integration
 	$(PYTEST) tests/security
