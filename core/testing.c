@@ -382,6 +382,21 @@ static int luaopen_stockade_testing(lua_State *L)
     return 1;
 }
 
+/* A full Lua state (the team's test code, not a policy: all libraries) with
+ * stockade.testing preloaded. */
+static lua_State *new_full_state(void)
+{
+    lua_State *L = luaL_newstate();
+    if (!L)
+        die("cannot create a Lua state");
+    luaL_openlibs(L);
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+    lua_pushcfunction(L, luaopen_stockade_testing);
+    lua_setfield(L, -2, "stockade.testing");
+    lua_pop(L, 1);
+    return L;
+}
+
 /* One test file in its own process: LuaUnit ends with os.exit, and a file's globals or
  * crash must not touch the next one. */
 static int run_file(const char *file)
@@ -391,12 +406,7 @@ static int run_file(const char *file)
     if (pid < 0)
         die_errno("fork");
     if (pid == 0) {
-        lua_State *L = luaL_newstate();
-        luaL_openlibs(L);
-        luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
-        lua_pushcfunction(L, luaopen_stockade_testing);
-        lua_setfield(L, -2, "stockade.testing");
-        lua_pop(L, 1);
+        lua_State *L = new_full_state();
         lua_createtable(L, 1, 0);
         lua_pushstring(L, file);
         lua_rawseti(L, -2, 0);
@@ -443,12 +453,7 @@ int cli_gate(const char *command, int argc, char **argv)
             m = e;
     if (!m)
         die("%s: the gates are not built in", command);
-    lua_State *L = luaL_newstate();
-    luaL_openlibs(L);
-    luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
-    lua_pushcfunction(L, luaopen_stockade_testing);
-    lua_setfield(L, -2, "stockade.testing");
-    lua_pop(L, 1);
+    lua_State *L = new_full_state();
     char chunkname[128];
     snprintf(chunkname, sizeof chunkname, "=%s", m->file);
     if (luaL_loadbufferx(L, m->src, m->len, chunkname, "t") != LUA_OK)
