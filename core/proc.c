@@ -262,6 +262,18 @@ int proc_sweep_orphans(void)
     return n;
 }
 
+size_t proc_descendants(pid_t root, pid_t *out, size_t max)
+{
+    struct pidset tree = {0};
+    pidset_add(&tree, root);
+    for (size_t i = 0; i < tree.n && tree.n < 100000; i++)
+        read_children(tree.v[i], &tree);
+    size_t n = tree.n - 1 < max ? tree.n - 1 : max;
+    memcpy(out, tree.v + 1, n * sizeof *out);
+    free(tree.v);
+    return n;
+}
+
 void proc_count_tree(unsigned *live, unsigned *zombies, unsigned *owned)
 {
     struct pidset tree = {0};

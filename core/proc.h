@@ -41,6 +41,10 @@ unsigned long proc_orphans_reaped(void);
  * hit. Returns the number of live descendants signalled (zombies are not counted). */
 int proc_signal_descendants(pid_t root, int sig, bool skip_registered);
 
+/* The pids below `root` (not root itself), found through the children lists; at most
+ * `max`. Returns how many were written to out. */
+size_t proc_descendants(pid_t root, pid_t *out, size_t max);
+
 /* Live and zombie processes below the supervisor (every call's tree, and orphans).
  * `owned` counts the zombies that are ours or a shim's to reap — a leak if they stay;
  * a zombie whose parent is a tool process is that tool's business until its tree ends. */

@@ -143,61 +143,42 @@ static bool shim_reap(pid_t tool, bool *tool_done, int *tool_status)
 static void shim_noop(int sig) { (void)sig; }
 
 /* Resident memory of the call's processes together: everyone in the pid namespace when
- * we are its init, else the tree below us. */
+ * we are its init, else the tree below us (through the children lists, not a scan of
+ * every process on the host). */
 static int64_t tree_rss_kb(bool pid1)
 {
+    enum { MAX_PIDS = 4096 };
+    static pid_t pids[MAX_PIDS];
+    size_t n = 0;
+    if (pid1) {
+        DIR *d = opendir("/proc");
+        struct dirent *de;
+        while (d && (de = readdir(d)) && n < MAX_PIDS)
+            if (de->d_name[0] >= '2' && de->d_name[0] <= '9')
+                pids[n++] = (pid_t)atoi(de->d_name);
+            else if (de->d_name[0] == '1' && de->d_name[1])
+                pids[n++] = (pid_t)atoi(de->d_name);
+        if (d)
+            closedir(d);
+    } else {
+        n = proc_descendants(getpid(), pids, MAX_PIDS);
+    }
     int64_t total = 0;
     long page_kb = sysconf(_SC_PAGESIZE) / 1024;
-    DIR *d = opendir("/proc");
-    if (!d)
-        return 0;
-    struct dirent *de;
-    pid_t self = getpid();
-    while ((de = readdir(d))) {
-        if (de->d_name[0] < '1' || de->d_name[0] > '9')
-            continue;
-        pid_t pid = (pid_t)atoi(de->d_name);
-        if (pid == self)
-            continue;
-        char path[64], buf[256];
-        if (!pid1) {
-            /* only our descendants: walk up the parents to us (bounded) */
-            pid_t p = pid;
-            for (int hops = 0; hops < 64 && p > 1 && p != self; hops++) {
-                snprintf(path, sizeof path, "/proc/%d/stat", (int)p);
-                int fd = open(path, O_RDONLY | O_CLOEXEC);
-                ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
-                if (fd >= 0)
-                    close(fd);
-                if (n <= 0) {
-                    p = 0;
-                    break;
-                }
-                buf[n] = 0;
-                char *rp = strrchr(buf, ')');
-                int ppid = 0;
-                char st;
-                if (!rp || sscanf(rp + 1, " %c %d", &st, &ppid) != 2)
-                    p = 0;
-                else
-                    p = ppid;
-            }
-            if (p != self)
-                continue;
-        }
-        snprintf(path, sizeof path, "/proc/%d/statm", (int)pid);
+    for (size_t i = 0; i < n; i++) {
+        char path[64], buf[128];
+        snprintf(path, sizeof path, "/proc/%d/statm", (int)pids[i]);
         int fd = open(path, O_RDONLY | O_CLOEXEC);
-        ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+        ssize_t r = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
         if (fd >= 0)
             close(fd);
-        if (n <= 0)
+        if (r <= 0)
             continue;
-        buf[n] = 0;
+        buf[r] = 0;
         long size = 0, resident = 0;
         if (sscanf(buf, "%ld %ld", &size, &resident) == 2)
             total += resident * page_kb;
     }
-    closedir(d);
     return total;
 }
 
