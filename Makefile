@@ -80,7 +80,7 @@ FZ       := build/fuzz
 FZ_FLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer -Icore -I$(FZ) \
             $(shell pkg-config --cflags $(PKGS) 2>/dev/null) \
             -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
-FZ_OBJ   := $(filter-out $(FZ)/spawn.o,$(CORE_SRC:core/%.c=$(FZ)/%.o)) $(FZ)/lua_embed.o
+FZ_OBJ   := $(CORE_SRC:core/%.c=$(FZ)/%.o) $(FZ)/lua_embed.o
 $(FZ)/%.o: core/%.c $(wildcard core/*.h) | $(FZ)/.dir
 	clang $(FZ_FLAGS) -c -o $@ $<
 $(FZ)/lua_embed.c: $(LUA_SRC) contrib/embed-lua.sh | $(FZ)/.dir
@@ -88,7 +88,8 @@ $(FZ)/lua_embed.c: $(LUA_SRC) contrib/embed-lua.sh | $(FZ)/.dir
 $(FZ)/lua_embed.o: $(FZ)/lua_embed.c
 	clang $(FZ_FLAGS) -c -o $@ $<
 $(FZ)/fuzz_rpc: tests/fuzz/fuzz_rpc.c tests/fuzz/spawn_stub.c $(FZ_OBJ)
-	clang $(FZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm
+	clang $(FZ_FLAGS) -fsanitize=fuzzer -Wl,--wrap=spawn_start -o $@ $^ \
+	    $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm
 $(FZ)/.dir:
 	@mkdir -p $(FZ) && touch $@
 fuzz: deps
