@@ -61,11 +61,6 @@ void json_string(struct buf *b, const char *str, size_t len)
     buf_append_lit(b, "\"");
 }
 
-void json_escape_into(struct buf *b, const char *s)
-{
-    json_string(b, s, strlen(s));
-}
-
 void json_cstr(struct buf *b, const char *s)
 {
     if (!s)

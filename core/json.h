@@ -6,7 +6,6 @@
 
 void json_string(struct buf *b, const char *s, size_t len);
 void json_cstr(struct buf *b, const char *s);      /* NULL -> null */
-void json_escape_into(struct buf *b, const char *s);   /* a C string as a JSON string */
 
 struct call_result;
 void json_call_result(struct buf *b, const struct call_result *r, const char *session_id);

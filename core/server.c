@@ -493,7 +493,7 @@ static void alarm_message(const struct server *srv, enum alarm_kind k, char *out
 /* One record per call: correlation ids, the decision and the outcome, sizes and times.
  * Never argv values, output bodies or stderr: the message is the core's own line (or
  * the policy's, redacted). */
-static void log_call(struct server *srv, const struct srv_call *sc, const struct call *c)
+static void log_call(const struct srv_call *sc, const struct call *c)
 {
     if (log_threshold < LOG_INFO)
         return;
@@ -521,7 +521,6 @@ static void log_call(struct server *srv, const struct srv_call *sc, const struct
                (long long)r->redactions, c->policy->generation);
     log_json_line(r->class == CLASS_INTERNAL ? "error" : "info", f.data);
     buf_free(&f);
-    (void)srv;
 }
 
 static void on_call_done(struct call *c, void *ud)
@@ -540,7 +539,7 @@ static void on_call_done(struct call *c, void *ud)
     }
     srv->class_counts[r->class]++;
     srv->redactions += (uint64_t)r->redactions;
-    log_call(srv, sc, c);
+    log_call(sc, c);
     if (sc->counted)
         record_latency(srv, c->req.tool, r->duration_ms);
     for (struct srv_call **pp = &srv->calls; *pp; pp = &(*pp)->next) {

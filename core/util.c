@@ -69,7 +69,7 @@ static void vlog(enum log_level level, const char *fmt, va_list ap, int err)
     }
     struct buf f = {0};
     buf_append_lit(&f, "\"event\":\"log\",\"msg\":");
-    json_escape_into(&f, line);
+    json_cstr(&f, line);
     if (repeats)
         buf_printf(&f, ",\"previous_repeated\":%u", repeats);
     log_json_line(level_names[level], f.data);
