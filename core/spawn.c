@@ -9,11 +9,13 @@
 #include <stdlib.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/pidfd.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -66,9 +68,6 @@ static _Noreturn void tool_fail(int errpipe, int err)
 /* The tool's side of the fork, in the shim's child: lock down, then exec. */
 static _Noreturn void tool_exec(const struct spawn_req *req, int errpipe)
 {
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
     if (setpgid(0, 0) < 0)
         tool_fail(errpipe, errno);
     /* Everything but 0,1,2 (and the CLOEXEC error pipe) is closed at exec. */
@@ -78,8 +77,11 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int errpipe)
         tool_fail(errpipe, errno);
 
     if (req->drop_user) {
-        if (setgroups(0, NULL) < 0 || setresgid(req->gid, req->gid, req->gid) < 0 ||
-            setresuid(req->uid, req->uid, req->uid) < 0)
+        /* raw syscalls: the C library's wrappers may signal "other threads" of a process
+         * whose memory this one shares */
+        if (syscall(SYS_setgroups, 0, NULL) < 0 ||
+            syscall(SYS_setresgid, req->gid, req->gid, req->gid) < 0 ||
+            syscall(SYS_setresuid, req->uid, req->uid, req->uid) < 0)
             tool_fail(errpipe, errno);
         if (getuid() == 0 || geteuid() == 0)
             tool_fail(errpipe, EPERM);
@@ -111,8 +113,50 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int errpipe)
          set_limit(RLIMIT_NPROC, l->processes, l->processes) < 0))
         tool_fail(errpipe, errno);
 
+    /* Signals stay blocked until the last moment: a handler must not run on the
+     * borrowed stack. */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
     execve(req->path, req->argv, req->envp);
     tool_fail(errpipe, errno);
+}
+
+/* The tool's process borrows the shim's memory until it execs (CLONE_VM|CLONE_VFORK, as
+ * posix_spawn does): copying an address space costs more than the exec itself on a VM,
+ * and the shim has nothing to do until the exec is done. The child only makes syscalls;
+ * everything it reads was prepared before (caps probed, seccomp compiled). Under the
+ * sanitizers, whose runtimes keep per-thread state the child would share, a plain fork. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_UNDEFINED__)
+#define TOOL_SHARES_MEMORY 0
+#else
+#define TOOL_SHARES_MEMORY 1
+#endif
+
+struct tool_start {
+    const struct spawn_req *req;
+    int errpipe;
+};
+
+static int tool_child(void *arg)
+{
+    const struct tool_start *ts = arg;
+    close(SHIM_STATUS_FD);
+    tool_exec(ts->req, ts->errpipe);
+}
+
+static pid_t tool_spawn(const struct spawn_req *req, int errpipe)
+{
+    struct tool_start ts = {req, errpipe};
+#if TOOL_SHARES_MEMORY
+    static char stack[64 * 1024] __attribute__((aligned(16)));
+    return clone(tool_child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &ts);
+#else
+    pid_t pid = fork();
+    if (pid == 0)
+        tool_child(&ts);
+    return pid;
+#endif
 }
 
 static void shim_report_write(const struct shim_report *r)
@@ -225,17 +269,12 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent)
         shim_report_write(&rep);
         _exit(0);
     }
-    pid_t tool = fork();
+    pid_t tool = tool_spawn(req, errpipe[1]);
     if (tool < 0) {
         rep.outcome = SHIM_FORK_FAILED;
         rep.err = errno;
         shim_report_write(&rep);
         _exit(0);
-    }
-    if (tool == 0) {
-        close(errpipe[0]);
-        close(SHIM_STATUS_FD);
-        tool_exec(req, errpipe[1]);
     }
     close(errpipe[1]);
     /* The tool's stdio ends stay only with the tool, so EOF means the tree is done. */
