@@ -88,7 +88,7 @@ $(FZ)/lua_embed.c: $(LUA_SRC) contrib/embed-lua.sh | $(FZ)/.dir
 $(FZ)/lua_embed.o: $(FZ)/lua_embed.c
 	clang $(FZ_FLAGS) -c -o $@ $<
 $(FZ)/fuzz_rpc: tests/fuzz/fuzz_rpc.c tests/fuzz/spawn_stub.c $(FZ_OBJ)
-	clang $(FZ_FLAGS) -fsanitize=fuzzer -Wl,--wrap=spawn_start -o $@ $^ \
+	clang $(FZ_FLAGS) -fsanitize=fuzzer -Wl,--wrap=spawn_start,--wrap=zygote_start -o $@ $^ \
 	    $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm
 $(FZ)/.dir:
 	@mkdir -p $(FZ) && touch $@

@@ -67,6 +67,7 @@ static void stop_io(struct call *c)
     ev_io_stop(c->loop, &c->out.watcher);
     ev_io_stop(c->loop, &c->err.watcher);
     ev_io_stop(c->loop, &c->stdin_watcher);
+    ev_io_stop(c->loop, &c->report_watcher);
     ev_timer_stop(c->loop, &c->timeout_timer);
     ev_timer_stop(c->loop, &c->deadline_timer);
     ev_timer_stop(c->loop, &c->grace_timer);
@@ -456,19 +457,19 @@ static void classify(struct call *c, const struct shim_report *rep)
     }
 }
 
-static void on_shim_exit(struct proc *p, int wstatus, void *ud)
+/* The tree has ended: with the shim's report (rep), or without one (the shim itself was
+ * killed; wstatus is its status). */
+static void shim_done(struct call *c, const struct shim_report *rep, int wstatus)
 {
-    (void)p;
-    struct call *c = ud;
     c->shim_reaped = true;
     ev_timer_stop(c->loop, &c->timeout_timer);
     ev_timer_stop(c->loop, &c->deadline_timer);
     ev_timer_stop(c->loop, &c->grace_timer);
-
-    struct shim_report rep;
-    ssize_t n = read(c->child.status_fd, &rep, sizeof rep);
+    ev_io_stop(c->loop, &c->report_watcher);
     close_quietly(&c->child.status_fd);
-    if (n != (ssize_t)sizeof rep || rep.magic != SHIM_REPORT_MAGIC) {
+    if (!rep) {
+        if (c->child.not_our_child)
+            zygote_spare_lost(c->session->zygote ? c->session->zygote : c->session->spawner);
         /* Only a killed shim reports nothing; its orphans are now ours to end. */
         int swept = proc_sweep_orphans();
         if (c->kill_class != CLASS_OK) {
@@ -483,11 +484,11 @@ static void on_shim_exit(struct proc *p, int wstatus, void *ud)
                                  "processes killed", (unsigned)wstatus, swept), NULL);
         }
     } else {
-        classify(c, &rep);
-        c->ran = rep.outcome == SHIM_EXITED && c->kill_class == CLASS_OK;
-        if (rep.swept > 0)
+        classify(c, rep);
+        c->ran = rep->outcome == SHIM_EXITED && c->kill_class == CLASS_OK;
+        if (rep->swept > 0)
             LOG_D("call %s: %d background processes outlived the tool and were killed",
-                  c->req.tool, rep.swept);
+                  c->req.tool, rep->swept);
     }
     c->state = CALL_REAPED;
     if (c->out.eof && c->err.eof) {
@@ -498,6 +499,40 @@ static void on_shim_exit(struct proc *p, int wstatus, void *ud)
     ev_timer_set(&c->answer_timer, DRAIN_AFTER_EXIT_MS / 1000.0, DRAIN_AFTER_EXIT_MS / 1000.0);
     if (!c->paused)
         ev_timer_start(c->loop, &c->answer_timer);
+}
+
+static bool read_report(struct call *c, struct shim_report *rep)
+{
+    ssize_t n = read(c->child.status_fd, rep, sizeof *rep);
+    if (n != (ssize_t)sizeof *rep || rep->magic != SHIM_REPORT_MAGIC) {
+        if (n >= 0)
+            errno = EPIPE;          /* closed, or not a report: no EAGAIN to wait on */
+        return false;
+    }
+    return true;
+}
+
+static void on_shim_exit(struct proc *p, int wstatus, void *ud)
+{
+    (void)p;
+    struct call *c = ud;
+    struct shim_report rep;
+    shim_done(c, read_report(c, &rep) ? &rep : NULL, wstatus);
+}
+
+/* A zygote's shim writes its report after the last process of its tree is reaped, and
+ * the zygote reaps the shim: the answer need not wait for the shim's own exit. */
+static void on_report(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)revents;
+    struct call *c = w->data;
+    struct shim_report rep;
+    if (read_report(c, &rep)) {
+        proc_forget(&c->proc);
+        shim_done(c, &rep, 0);
+    } else if (errno != EAGAIN && errno != EINTR) {
+        ev_io_stop(loop, w);        /* no report: the shim's exit (pidfd) tells the rest */
+    }
 }
 
 /* ---- starting ---------------------------------------------------------------------- */
@@ -681,9 +716,27 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
         /* inside a zygote /tmp and /var/tmp are binds of the session's tmp, which
          * Landlock sees as paths of their own */
         .rw_paths = session->zygote ? strict_tmp_paths : NULL,
+        .landlock_fd = -1,
     };
-    int rc = session->zygote ? zygote_spawn(session->zygote, &sr, &c->child)
-                             : spawn_start(&sr, &c->child);
+    /* Process isolation: the session's Landlock ruleset is built once, here, and each
+     * tool only restricts itself to it. (In a zygote's world the tool builds its own:
+     * the paths there are the world's.) If it cannot be built, the tool tries and says
+     * why. */
+    if (!session->zygote && sandbox_caps()->landlock_abi > 0) {
+        if (session->landlock_fd < 0) {
+            struct sandbox_fs fs = {session->root, NULL};
+            session->landlock_fd = sandbox_landlock_ruleset(&fs, session->net_closed);
+        }
+        sr.landlock_fd = session->landlock_fd;
+    }
+    /* Strict: the session's zygote or nothing. Process: the server's spawner (calls
+     * without a fork on their path) while it lives, else a fork from here. */
+    struct zygote *z = session->zygote;
+    if (!z && session->spawner && !session->spawner->broken)
+        z = session->spawner;
+    int rc = z ? zygote_spawn(z, &sr, &c->child) : spawn_start(&sr, &c->child);
+    if (rc < 0 && z && z == session->spawner)
+        rc = spawn_start(&sr, &c->child);       /* no spare ready: fork one here */
     int spawn_errno = errno;
     free(argv);
     free_strv(envp);
@@ -695,6 +748,11 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
     c->state = CALL_RUNNING;
     proc_watch(&c->proc, c->child.pid, c->child.pidfd, on_shim_exit, c);
     c->child.pidfd = -1;                 /* owned by c->proc now */
+    if (c->child.not_our_child) {
+        ev_io_init(&c->report_watcher, on_report, c->child.status_fd, EV_READ);
+        c->report_watcher.data = c;
+        ev_io_start(loop, &c->report_watcher);
+    }
     c->out.fd = c->child.stdout_fd;
     c->err.fd = c->child.stderr_fd;
     ev_io_init(&c->out.watcher, on_readable, c->out.fd, EV_READ);

@@ -94,6 +94,7 @@ struct call {
     struct spawn_child child;
     struct proc proc;
     bool shim_reaped;
+    ev_io report_watcher;               /* a zygote's shim: its report ends the call */
     bool ran;                           /* the tool ran and ended on its own */
     struct call_stream_state out, err;
     bool paused;                        /* output not read: the client is behind */

@@ -125,6 +125,15 @@ void proc_watch(struct proc *p, pid_t pid, int pidfd, proc_exit_fn on_exit, void
     ev_io_start(proc_loop, &p->exit_watcher);
 }
 
+void proc_forget(struct proc *p)
+{
+    for (struct proc *q = registry; q; q = q->next)
+        if (q == p) {
+            unregister(p);
+            return;
+        }
+}
+
 int proc_signal(struct proc *p, int sig)
 {
     if (p->pidfd < 0) {

@@ -24,6 +24,9 @@ void proc_init(struct ev_loop *loop);
 void proc_shutdown(void);
 /* Take ownership of child `pid` (and of `pidfd`); on_exit runs once, after reaping. */
 void proc_watch(struct proc *p, pid_t pid, int pidfd, proc_exit_fn on_exit, void *ud);
+/* Stop watching a process that is not our child (a zygote's shim, reaped by the zygote)
+ * once it has said what it had to: closes the pidfd; on_exit never runs. */
+void proc_forget(struct proc *p);
 /* Signal a registered child; never a recycled pid (pidfd_send_signal). */
 int proc_signal(struct proc *p, int sig);
 /* Reap whatever has exited; dispatches on_exit for registered children. */

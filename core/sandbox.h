@@ -41,7 +41,15 @@ struct sandbox_fs {
 /* In the tool's process, after the uid change and before exec. 0, or -1 with errno.
  * A layer the kernel lacks is skipped (the caps say so), never faked. */
 int sandbox_apply_landlock(const struct sandbox_fs *fs, bool net_closed);
+/* The same in two steps: the ruleset (an fd, built once per session by the supervisor),
+ * then, in the tool's process, restricting to it. -1 with errno (ENOSYS: no Landlock). */
+int sandbox_landlock_ruleset(const struct sandbox_fs *fs, bool net_closed);
+int sandbox_landlock_restrict(int ruleset);
 int sandbox_apply_seccomp(bool net_closed);
+/* In a spare shim, before its call: the part of the filter every tool gets, attached once
+ * to the shim and so inherited by its tool (sandbox_apply_seccomp then adds only the
+ * network part). */
+int sandbox_seccomp_attach_base(void);
 /* Compile the filters once, up front (the supervisor calls this at start). */
 int sandbox_seccomp_prepare(void);
 
@@ -54,6 +62,7 @@ struct sandbox_mount {
 };
 
 struct zygote_config {
+    bool plain;             /* no namespaces, no world: only the spares (process isolation) */
     const char *state_dir;
     const char *session_root;
     const struct sandbox_mount *mounts;
@@ -61,19 +70,39 @@ struct zygote_config {
     bool loopback_up;       /* network "loopback": lo is up; "none": lo down too */
 };
 
+/* A shim made ahead of time, waiting for its call on `sock`. */
+struct zyg_spare {
+    pid_t pid;
+    int pidfd;
+    int sock;
+};
+
+#define ZYG_POOL 4
+
 struct zygote {
     pid_t pid;
     int pidfd;
     int sock;               /* SOCK_SEQPACKET to the zygote */
     bool broken;
+    bool plain;             /* the server's spawner: never waited for (EWOULDBLOCK) */
+    struct zyg_spare pool[ZYG_POOL];    /* delivered, ready */
+    int npool;
+    int asked;              /* spares we asked for, not yet taken off the socket */
+    int coming;             /* spares the shims of ones handed out will ask for */
+    int want;               /* how many to keep ahead: ready + asked + coming */
 };
 
 /* Start a session's zygote: its namespaces and mount tree are ready when this returns.
  * NULL and *err on failure. */
 struct zygote *zygote_start(const struct zygote_config *cfg, char **err);
-/* Start a call inside it: like spawn_start, but the shim is pid 1 of a fresh pid
- * namespace, and its pidfd comes back over the socket. */
+/* Start a call inside it: like spawn_start, but the shim is a spare the zygote made
+ * ahead of time (in a session's world, pid 1 of a fresh pid namespace); the request and
+ * the call's pipes go to it directly, and the zygote is asked for the next one. */
 int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_child *out);
+/* A spare handed out ended without a report: its ask for a successor may never come. */
+void zygote_spare_lost(struct zygote *z);
+/* Processes it keeps ready: itself and its spares (delivered or asked for); 0 for NULL. */
+unsigned zygote_standby(struct zygote *z);
 /* Kill it (its calls die with it) and release everything. */
 void zygote_stop(struct zygote *z);
 

@@ -10,6 +10,7 @@
 #include <linux/mount.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
+#include <poll.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <signal.h>
@@ -191,11 +192,13 @@ static int ll_add_path(int ruleset, const char *path, __u64 access)
     return rc;
 }
 
-int sandbox_apply_landlock(const struct sandbox_fs *fs, bool net_closed)
+int sandbox_landlock_ruleset(const struct sandbox_fs *fs, bool net_closed)
 {
     int abi = sandbox_caps()->landlock_abi;
-    if (abi <= 0)
-        return 0;
+    if (abi <= 0) {
+        errno = ENOSYS;
+        return -1;
+    }
     /* Reads stay as the mount tree and file modes make them; every way of writing,
      * creating, removing or renaming is handled, and allowed only beneath the roots. */
     __u64 write = LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_REMOVE_DIR |
@@ -232,7 +235,26 @@ int sandbox_apply_landlock(const struct sandbox_fs *fs, bool net_closed)
     for (const char *const *d = devs; rc == 0 && *d; d++)
         rc = ll_add_path(rs, *d, file_write);
     if (rc == 0)
-        rc = (int)syscall(SYS_landlock_restrict_self, rs, 0);
+        return rs;
+    int e = errno;
+    close(rs);
+    errno = e;
+    return -1;
+}
+
+int sandbox_landlock_restrict(int ruleset)
+{
+    return (int)syscall(SYS_landlock_restrict_self, ruleset, 0);
+}
+
+int sandbox_apply_landlock(const struct sandbox_fs *fs, bool net_closed)
+{
+    if (sandbox_caps()->landlock_abi <= 0)
+        return 0;
+    int rs = sandbox_landlock_ruleset(fs, net_closed);
+    if (rs < 0)
+        return -1;
+    int rc = sandbox_landlock_restrict(rs);
     int e = errno;
     close(rs);
     errno = e;
@@ -255,7 +277,12 @@ static const char *const denied_syscalls[] = {
     "io_uring_setup", "io_uring_enter", "io_uring_register",
 };
 
-static int seccomp_build(bool net_closed, scmp_filter_ctx *out)
+/* Two filters: the base one (what no tool may do) and, for a closed network, the socket
+ * families. Stacked, they refuse what either refuses. The base is what a spare shim
+ * installs on itself while it waits, so a call only attaches the short second one. */
+enum seccomp_part { SECCOMP_BASE, SECCOMP_NET_CLOSED };
+
+static int seccomp_build(enum seccomp_part part, scmp_filter_ctx *out)
 {
     scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
     if (!ctx)
@@ -266,7 +293,7 @@ static int seccomp_build(bool net_closed, scmp_filter_ctx *out)
      * once per syscall number to build its allow cache, so the depth of the lookup is
      * per-call cost (half the attach time here). */
     seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);
-    for (size_t i = 0; i < ARRAY_LEN(denied_syscalls) && rc == 0; i++) {
+    for (size_t i = 0; part == SECCOMP_BASE && i < ARRAY_LEN(denied_syscalls) && rc == 0; i++) {
         int nr = seccomp_syscall_resolve_name(denied_syscalls[i]);
         if (nr != __NR_SCMP_ERROR)
             rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
@@ -276,28 +303,29 @@ static int seccomp_build(bool net_closed, scmp_filter_ctx *out)
     static const unsigned long ns_flags[] = {CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID,
                                              CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWUTS,
                                              CLONE_NEWCGROUP, CLONE_NEWTIME};
-    for (size_t i = 0; i < ARRAY_LEN(ns_flags) && rc == 0; i++)
+    for (size_t i = 0; part == SECCOMP_BASE && i < ARRAY_LEN(ns_flags) && rc == 0; i++)
         rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
                               SCMP_A0(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i]));
-    if (rc == 0)
+    if (part == SECCOMP_BASE && rc == 0)
         rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
     /* typing into the terminal of whoever runs us */
-    if (rc == 0)
+    if (part == SECCOMP_BASE && rc == 0)
         rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
                               SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCSTI));
-    if (rc == 0)
+    if (part == SECCOMP_BASE && rc == 0)
         rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
                               SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCLINUX));
-    /* socket families: AF_UNIX always; AF_INET/AF_INET6 only with a network. Every
-     * family above AF_INET6 in one comparison: the kernel checks (and JITs) the filter
-     * at every call's exec, so its length is per-call cost. */
+    /* socket families: AF_UNIX always; AF_INET/AF_INET6 only with a network (the second
+     * filter); nothing else. Every family above AF_INET6 in one comparison: a filter's
+     * length is attach cost. */
     for (int fam = 0; fam <= AF_INET6 && rc == 0; fam++) {
-        if (fam == AF_UNIX || (!net_closed && (fam == AF_INET || fam == AF_INET6)))
+        bool inet = fam == AF_INET || fam == AF_INET6;
+        if (fam == AF_UNIX || inet != (part == SECCOMP_NET_CLOSED))
             continue;
         rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
                               SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)fam));
     }
-    if (rc == 0)
+    if (part == SECCOMP_BASE && rc == 0)
         rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
                               SCMP_A0(SCMP_CMP_GT, (scmp_datum_t)AF_INET6));
     if (rc != 0) {
@@ -308,14 +336,15 @@ static int seccomp_build(bool net_closed, scmp_filter_ctx *out)
     return 0;
 }
 
-/* The filter is compiled to BPF once per network setting, in the supervisor (and so
- * inherited by every zygote and shim it forks): a call only loads it. */
-static struct sock_fprog compiled[2];
+/* The filters are compiled to BPF once, in the supervisor (and so inherited by every
+ * zygote and shim it forks): a call only attaches them. */
+static struct sock_fprog compiled[2];       /* by enum seccomp_part */
+static bool base_attached;                  /* by this process (a spare), for its tool */
 
-static int seccomp_compile(bool net_closed, struct sock_fprog *out)
+static int seccomp_compile(enum seccomp_part part, struct sock_fprog *out)
 {
     scmp_filter_ctx ctx;
-    int rc = seccomp_build(net_closed, &ctx);
+    int rc = seccomp_build(part, &ctx);
     if (rc != 0)
         return rc;
     int fd = memfd_create("stockade-seccomp", MFD_CLOEXEC);
@@ -347,10 +376,10 @@ int sandbox_seccomp_prepare(void)
 {
     if (!sandbox_caps()->available[LAYER_SECCOMP])
         return 0;
-    for (int closed = 0; closed < 2; closed++) {
-        if (compiled[closed].filter)
+    for (int part = SECCOMP_BASE; part <= SECCOMP_NET_CLOSED; part++) {
+        if (compiled[part].filter)
             continue;
-        int rc = seccomp_compile(closed, &compiled[closed]);
+        int rc = seccomp_compile((enum seccomp_part)part, &compiled[part]);
         if (rc != 0) {
             errno = -rc;
             return -1;
@@ -359,15 +388,33 @@ int sandbox_seccomp_prepare(void)
     return 0;
 }
 
+static int seccomp_attach(enum seccomp_part part)
+{
+    if (!compiled[part].filter && sandbox_seccomp_prepare() < 0)
+        return -1;
+    /* the kernel logs what the filter refuses (SECCOMP_FILTER_FLAG_LOG) */
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_LOG,
+                        &compiled[part]);
+}
+
+int sandbox_seccomp_attach_base(void)
+{
+    if (!sandbox_caps()->available[LAYER_SECCOMP] || base_attached)
+        return 0;
+    /* without CAP_SYS_ADMIN the kernel wants no_new_privs first; a shim execs nothing */
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 || seccomp_attach(SECCOMP_BASE) < 0)
+        return -1;
+    base_attached = true;
+    return 0;
+}
+
 int sandbox_apply_seccomp(bool net_closed)
 {
     if (!sandbox_caps()->available[LAYER_SECCOMP])
         return 0;
-    if (!compiled[net_closed].filter && sandbox_seccomp_prepare() < 0)
+    if (!base_attached && seccomp_attach(SECCOMP_BASE) < 0)
         return -1;
-    /* the kernel logs what the filter refuses (SECCOMP_FILTER_FLAG_LOG) */
-    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_LOG,
-                        &compiled[net_closed]);
+    return net_closed ? seccomp_attach(SECCOMP_NET_CLOSED) : 0;
 }
 
 /* ---- the zygote -------------------------------------------------------------------- */
@@ -375,6 +422,9 @@ int sandbox_apply_seccomp(bool net_closed)
 #define ZYG_FD 3
 #define ZYG_MAX_MSG (512 * 1024)
 #define ZYG_MAGIC 0x5a594730u
+#define ZYG_SPARE 0x5a595350u      /* "make me a spare" */
+#define ZYG_ASK_R 4                /* the zygote's end of the shims' ask pipe */
+#define ZYG_ASK_W 5
 
 /* A spawn_req flattened for the socket: fixed fields, then NUL-separated strings:
  * path, cwd, session_root, argv..., envp..., rw_paths... */
@@ -382,6 +432,7 @@ struct zyg_msg {
     uint32_t magic;
     uint32_t argc, envc, rwc;
     uint32_t drop_user, with_stdin, landlock, seccomp, net_closed;
+    uint32_t has_ruleset;   /* a fifth fd: the session's Landlock ruleset */
     uint32_t uid, gid;
     struct spawn_limits limits;
     uint32_t len;           /* bytes of strings that follow */
@@ -433,7 +484,8 @@ static ssize_t send_with_fds(int sock, const void *data, size_t len, const int *
     return n;
 }
 
-static ssize_t recv_with_fds(int sock, void *data, size_t len, int *fds, int maxfds, int *nfds)
+static ssize_t recv_with_fds_flags(int sock, void *data, size_t len, int *fds, int maxfds,
+                                   int *nfds, int flags)
 {
     char cbuf[CMSG_SPACE(sizeof(int) * 8)];
     struct iovec iov = {data, len};
@@ -441,7 +493,7 @@ static ssize_t recv_with_fds(int sock, void *data, size_t len, int *fds, int max
                         .msg_controllen = sizeof cbuf};
     ssize_t n;
     do
-        n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+        n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | flags);
     while (n < 0 && errno == EINTR);
     *nfds = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); n >= 0 && cm; cm = CMSG_NXTHDR(&mh, cm)) {
@@ -462,6 +514,11 @@ static ssize_t recv_with_fds(int sock, void *data, size_t len, int *fds, int max
         return -1;
     }
     return n;
+}
+
+static ssize_t recv_with_fds(int sock, void *data, size_t len, int *fds, int maxfds, int *nfds)
+{
+    return recv_with_fds_flags(sock, data, len, fds, maxfds, nfds, 0);
 }
 
 /* -- inside the zygote: building the session's world -- */
@@ -699,70 +756,229 @@ static void build_world(const struct zygote_config *cfg, uid_t outer_uid, gid_t 
         zdie("sethostname");
 }
 
-static void zygote_serve(void)
+/* A request as the zygote got it, checked and pointing into its buffer. */
+struct zyg_request {
+    struct spawn_req req;
+    char **argv, **envp, **rw;
+};
+
+static void zyg_request_free(struct zyg_request *r)
 {
-    char *msg = xmalloc(ZYG_MAX_MSG);
+    free(r->argv);
+    free(r->envp);
+    free(r->rw);
+    *r = (struct zyg_request){0};
+}
+
+static bool zyg_request_parse(char *msg, size_t n, struct zyg_request *r)
+{
+    *r = (struct zyg_request){0};
+    struct zyg_msg h;
+    if (n < sizeof h)
+        return false;
+    memcpy(&h, msg, sizeof h);
+    char *p = msg + sizeof h, *end = msg + n;
+    char *path = next_str(&p, end), *cwd = next_str(&p, end), *root = next_str(&p, end);
+    bool ok = h.magic == ZYG_MAGIC && path && cwd && root && h.argc < 100000 &&
+              h.envc < 100000 && h.rwc < 1000;
+    if (!ok)
+        return false;
+    r->argv = xcalloc(h.argc + 1, sizeof *r->argv);
+    r->envp = xcalloc(h.envc + 1, sizeof *r->envp);
+    r->rw = xcalloc(h.rwc + 1, sizeof *r->rw);
+    for (uint32_t i = 0; ok && i < h.argc; i++)
+        ok = (r->argv[i] = next_str(&p, end)) != NULL;
+    for (uint32_t i = 0; ok && i < h.envc; i++)
+        ok = (r->envp[i] = next_str(&p, end)) != NULL;
+    for (uint32_t i = 0; ok && i < h.rwc; i++)
+        ok = (r->rw[i] = next_str(&p, end)) != NULL;
+    if (!ok) {
+        zyg_request_free(r);
+        return false;
+    }
+    r->req = (struct spawn_req){
+        .landlock_fd = -1,
+        .path = path, .argv = r->argv, .envp = r->envp, .cwd = cwd,
+        .drop_user = h.drop_user, .uid = h.uid, .gid = h.gid, .limits = h.limits,
+        .with_stdin = h.with_stdin, .landlock = h.landlock, .seccomp = h.seccomp,
+        .net_closed = h.net_closed, .session_root = root,
+        .rw_paths = (const char *const *)r->rw,
+    };
+    return true;
+}
+
+/* The next call's shim, made ahead of time: a clone of the zygote that waits for its
+ * request. A call then costs the zygote a message, not a fork (forking is what a call
+ * spends most of its time on here); the zygote makes the next spare after answering,
+ * while the call runs. In a session's world the spare is pid 1 of a fresh pid namespace
+ * in a copy of the mount tree, so that its /proc shows its own processes only. */
+static _Noreturn void spare_main(int sock, bool world, pid_t zygote, char *buf)
+{
+    /* the request socket becomes fd 3 (over our copy of the supervisor's socket, which
+     * is not ours to hold), the zygote's ask pipe fd 4; nothing else the zygote had open
+     * stays */
+    if (dup2(sock, ZYG_FD) < 0 || dup2(ZYG_ASK_W, SHIM_READY_FD) < 0)
+        _exit(1);
+    close_range(SHIM_READY_FD + 1, ~0U, 0);
+    if (world && mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+        _exit(1);
+    spawn_shim_prepare(true);
+    if (sandbox_seccomp_attach_base() < 0)
+        _exit(1);
+    int fds[5], nfds;
+    ssize_t n = recv_with_fds(ZYG_FD, buf, ZYG_MAX_MSG, fds, 5, &nfds);
+    struct zyg_request r;
+    if (n <= 0 || nfds < 4 || !zyg_request_parse(buf, (size_t)n, &r))
+        _exit(0);           /* the supervisor went away, or sent garbage: cannot be */
+    if (nfds == 5)
+        r.req.landlock_fd = fds[4];
+    spawn_shim_enter(&r.req, fds[0], fds[1], fds[2], fds[3], world ? 0 : zygote, true);
+}
+
+static void spare_release(struct zyg_spare *sp)
+{
+    close_quietly(&sp->sock);
+    close_quietly(&sp->pidfd);
+    sp->pid = -1;
+}
+
+static bool spare_make(struct zyg_spare *sp, bool world, char *buf)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+        return false;
+    int size = ZYG_MAX_MSG * 2;
+    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+    setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+    pid_t zygote = getpid();
+    int pidfd = -1;
+    int flags = (world ? CLONE_NEWPID | CLONE_NEWNS : 0) | CLONE_PIDFD | SIGCHLD;
+    pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, &pidfd, NULL, 0);
+    if (pid == 0)
+        spare_main(sv[1], world, zygote, buf);
+    int e = errno;
+    close(sv[1]);
+    if (pid < 0) {
+        close(sv[0]);
+        errno = e;
+        return false;
+    }
+    *sp = (struct zyg_spare){pid, pidfd, sv[0]};
+    return true;
+}
+
+/* Make a spare and hand it to the supervisor: {pid, 0} with its pidfd and request socket,
+ * or {-1, errno}. */
+static void spare_deliver(bool world, char *buf)
+{
+    struct zyg_spare sp;
+    int32_t answer[2] = {-1, 0};
+    if (spare_make(&sp, world, buf))
+        answer[0] = (int32_t)sp.pid;
+    else
+        answer[1] = errno;
+    int fds[2] = {answer[0] > 0 ? sp.pidfd : -1, answer[0] > 0 ? sp.sock : -1};
+    send_with_fds(ZYG_FD, answer, sizeof answer, fds, answer[0] > 0 ? 2 : 0);
+    if (answer[0] > 0)
+        spare_release(&sp);
+}
+
+/* The zygote only makes spares: when the supervisor asks (a ZYG_SPARE word: a session's
+ * first, or to make up for one lost) and when a spare's shim has started its tool (a byte
+ * on the ask pipe: its successor, forked while that call runs rather than during the
+ * next one's start). The supervisor talks to each spare directly, so a call's path has
+ * no hop through here. */
+static void zygote_serve(bool world)
+{
+    char *buf = xmalloc(ZYG_MAX_MSG);
     for (;;) {
-        int fds[4], nfds;
-        ssize_t n = recv_with_fds(ZYG_FD, msg, ZYG_MAX_MSG, fds, 4, &nfds);
-        if (n <= 0)
-            _exit(0);               /* the supervisor closed the session */
-        struct zyg_msg h;
-        if ((size_t)n < sizeof h || nfds != 4) {
+        struct pollfd pf[2] = {{ZYG_FD, POLLIN, 0}, {ZYG_ASK_R, POLLIN, 0}};
+        if (poll(pf, 2, -1) < 0)
+            continue;
+        if (pf[1].revents & POLLIN) {
+            char asks[8];
+            ssize_t k = read(ZYG_ASK_R, asks, sizeof asks);
+            for (ssize_t i = 0; i < k; i++)
+                spare_deliver(world, buf);
+        }
+        if (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+            uint32_t ask;
+            int nfds, none[1];
+            ssize_t n = recv_with_fds(ZYG_FD, &ask, sizeof ask, none, 0, &nfds);
+            if (n <= 0)
+                _exit(0);           /* the supervisor closed the session */
+            if (n == sizeof ask && ask == ZYG_SPARE)
+                spare_deliver(world, buf);
+        }
+    }
+}
+
+static void spare_drop(struct zyg_spare *sp)
+{
+    if (sp->pidfd >= 0)
+        pidfd_send_signal(sp->pidfd, SIGKILL, NULL, 0);
+    close_quietly(&sp->pidfd);
+    close_quietly(&sp->sock);
+}
+
+static int spare_ask(struct zygote *z)
+{
+    uint32_t ask = ZYG_SPARE;
+    if (send_with_fds(z->sock, &ask, sizeof ask, NULL, 0) != sizeof ask)
+        return -1;
+    z->asked++;
+    return 0;
+}
+
+/* Take the spares the zygote has delivered; with `wait`, block for one. -1 when the
+ * zygote is gone or could not make one (errno). */
+static int spare_collect(struct zygote *z, bool wait)
+{
+    while (z->asked + z->coming > 0) {
+        int32_t answer[2];
+        int fds[2], nfds = 0;
+        ssize_t n = recv_with_fds_flags(z->sock, answer, sizeof answer, fds, 2, &nfds,
+                                        wait ? 0 : MSG_DONTWAIT);
+        if (n < 0 && !wait && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (n != sizeof answer) {
             for (int i = 0; i < nfds; i++)
                 close(fds[i]);
+            z->broken = true;       /* the session's calls fail from now on, never hang */
+            errno = n < 0 ? errno : EPIPE;
+            return -1;
+        }
+        if (z->asked > 0)
+            z->asked--;
+        else
+            z->coming--;
+        /* more than it keeps ahead (a lost shim's ask, made up for, arrived after all):
+         * closing its socket ends it */
+        if (answer[0] <= 0 || nfds != 2 || z->npool >= z->want) {
+            for (int i = 0; i < nfds; i++)
+                close(fds[i]);
+            if (answer[0] <= 0) {
+                errno = answer[1] ? answer[1] : EAGAIN;
+                return -1;
+            }
             continue;
         }
-        memcpy(&h, msg, sizeof h);
-        char *p = msg + sizeof h, *end = msg + n;
-        char *path = next_str(&p, end), *cwd = next_str(&p, end), *root = next_str(&p, end);
-        bool ok = h.magic == ZYG_MAGIC && path && cwd && root && h.argc < 100000 &&
-                  h.envc < 100000 && h.rwc < 1000;
-        char **argv = ok ? xcalloc(h.argc + 1, sizeof *argv) : NULL;
-        char **envp = ok ? xcalloc(h.envc + 1, sizeof *envp) : NULL;
-        char **rw = ok ? xcalloc(h.rwc + 1, sizeof *rw) : NULL;
-        for (uint32_t i = 0; ok && i < h.argc; i++)
-            ok = (argv[i] = next_str(&p, end)) != NULL;
-        for (uint32_t i = 0; ok && i < h.envc; i++)
-            ok = (envp[i] = next_str(&p, end)) != NULL;
-        for (uint32_t i = 0; ok && i < h.rwc; i++)
-            ok = (rw[i] = next_str(&p, end)) != NULL;
-        int pidfd = -1;
-        pid_t pid = -1;
-        if (ok) {
-            struct spawn_req req = {
-                .path = path, .argv = argv, .envp = envp, .cwd = cwd,
-                .drop_user = h.drop_user, .uid = h.uid, .gid = h.gid, .limits = h.limits,
-                .with_stdin = h.with_stdin, .landlock = h.landlock, .seccomp = h.seccomp,
-                .net_closed = h.net_closed, .session_root = root,
-                .rw_paths = (const char *const *)rw,
-            };
-            /* The shim: pid 1 of a fresh pid namespace, in a copy of our mount tree so
-             * that its /proc shows its own processes only. */
-            pid = (pid_t)syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | CLONE_PIDFD | SIGCHLD,
-                                 NULL, &pidfd, NULL, 0);
-            if (pid == 0) {
-                if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
-                    _exit(1);
-                spawn_shim_enter(&req, fds[0], fds[1], fds[2], fds[3], 0);
-            }
-        }
-        int32_t answer[2] = {pid > 0 ? (int32_t)pid : -1, pid > 0 ? 0 : (ok ? errno : EINVAL)};
-        send_with_fds(ZYG_FD, answer, sizeof answer, &pidfd, pidfd >= 0 ? 1 : 0);
-        for (int i = 0; i < 4; i++)
-            close(fds[i]);
-        if (pidfd >= 0)
-            close(pidfd);
-        free(argv);
-        free(envp);
-        free(rw);
+        z->pool[z->npool++] = (struct zyg_spare){answer[0], fds[0], fds[1]};
+        wait = false;
     }
+    return 0;
+}
+
+void zygote_spare_lost(struct zygote *z)
+{
+    if (z && z->coming > 0)
+        z->coming--;
 }
 
 struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
 {
     const struct sandbox_caps *c = sandbox_caps();
-    bool userns = !c->root;
+    bool userns = !c->root && !cfg->plain;
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
         *err = xasprintf("zygote socketpair: %s", strerror(errno));
@@ -778,8 +994,8 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, &old);
     int pidfd = -1;
-    int flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
-                (userns ? CLONE_NEWUSER : 0);
+    int flags = cfg->plain ? 0 : CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
+                                     (userns ? CLONE_NEWUSER : 0);
     pid_t pid = (pid_t)syscall(SYS_clone, flags | CLONE_PIDFD | SIGCHLD, NULL, &pidfd, NULL, 0);
     if (pid == 0) {
         struct sigaction sa;
@@ -798,15 +1014,22 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
         if (dup2(sv[1], ZYG_FD) < 0)
             _exit(1);
         close_range(ZYG_FD + 1, ~0U, 0);
+        /* the spares' shims ask for their successors on this pipe */
+        int ask[2];
+        if (pipe2(ask, O_CLOEXEC | O_NONBLOCK) < 0 || dup2(ask[0], ZYG_ASK_R) < 0 ||
+            dup2(ask[1], ZYG_ASK_W) < 0)
+            _exit(1);
+        close_range(ZYG_ASK_W + 1, ~0U, 0);
         int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
         if (devnull >= 0) {
             dup2(devnull, 0);
             dup2(devnull, 1);
             close(devnull);
         }
-        build_world(cfg, uid, gid, userns);
+        if (!cfg->plain)
+            build_world(cfg, uid, gid, userns);
         send_with_fds(ZYG_FD, "R", 1, NULL, 0);     /* ready */
-        zygote_serve();
+        zygote_serve(!cfg->plain);
     }
     int e = errno;
     sigprocmask(SIG_SETMASK, &old, NULL);
@@ -834,6 +1057,11 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
     z->pid = pid;
     z->pidfd = pidfd;
     z->sock = sv[0];
+    /* the server's spawner serves every session's calls at once: keep two ahead */
+    z->plain = cfg->plain;
+    z->want = cfg->plain ? 2 : 1;
+    while (cfg->plain && z->asked < z->want && spare_ask(z) == 0)
+        ;
     return z;
 }
 
@@ -843,17 +1071,14 @@ int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_chi
         errno = EPIPE;
         return -1;
     }
-    struct spawn_pipes p;
-    if (spawn_pipes_open(&p, req->with_stdin) < 0)
-        return -1;
     struct buf b = {0};
-    int rc = -1, e = 0;
     struct zyg_msg h = {
         .magic = ZYG_MAGIC, .argc = (uint32_t)strv_len(req->argv),
         .envc = (uint32_t)strv_len(req->envp),
         .rwc = (uint32_t)strv_len((char *const *)req->rw_paths), .drop_user = req->drop_user,
         .with_stdin = req->with_stdin, .landlock = req->landlock, .seccomp = req->seccomp,
         .net_closed = req->net_closed, .uid = req->uid, .gid = req->gid, .limits = req->limits,
+        .has_ruleset = req->landlock_fd >= 0,
     };
     buf_append(&b, &h, sizeof h);
     put_str(&b, req->path);
@@ -865,29 +1090,68 @@ int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_chi
         put_str(&b, req->envp[i]);
     for (uint32_t i = 0; i < h.rwc; i++)
         put_str(&b, req->rw_paths[i]);
-    int fds[4] = {p.in[0], p.out[1], p.err[1], p.status[1]};
-    int32_t answer[2];
-    int pidfd = -1, nfds = 0;
     if (b.len > ZYG_MAX_MSG) {
-        e = E2BIG;
-    } else if (send_with_fds(z->sock, b.data, b.len, fds, 4) < 0 ||
-               recv_with_fds(z->sock, answer, sizeof answer, &pidfd, 1, &nfds) !=
-                   sizeof answer) {
-        e = errno ? errno : EPIPE;
-        z->broken = true;           /* the session's calls fail from now on, never hang */
-    } else if (answer[0] <= 0 || nfds != 1) {
-        e = answer[1] ? answer[1] : EAGAIN;
-    } else {
-        spawn_pipes_finish(&p, answer[0], pidfd, true, out);
-        pidfd = -1;
-        rc = 0;
+        buf_free(&b);
+        errno = E2BIG;
+        return -1;
     }
-    if (nfds && pidfd >= 0)
-        close(pidfd);
+    struct spawn_pipes p;
+    if (spawn_pipes_open(&p, req->with_stdin) < 0) {
+        buf_free(&b);
+        return -1;
+    }
+    int rc = -1, e = EAGAIN;
+    /* a spare that died while it waited (it should not) is replaced once */
+    for (int attempt = 0; rc < 0 && attempt < 2; attempt++) {
+        if (spare_collect(z, false) < 0) {
+            e = errno;
+            break;
+        }
+        if (z->npool == 0 && z->plain) {
+            /* the server's spawner serves calls from every session: when it has none
+             * ready, the caller makes the shim itself rather than wait */
+            while (z->npool + z->asked + z->coming < z->want && spare_ask(z) == 0)
+                ;
+            e = EWOULDBLOCK;
+            break;
+        }
+        if (z->npool == 0 && ((z->asked + z->coming == 0 && spare_ask(z) < 0) ||
+                              spare_collect(z, true) < 0)) {
+            e = errno;
+            break;
+        }
+        if (z->npool == 0)
+            continue;
+        struct zyg_spare sp = z->pool[--z->npool];
+        int fds[5] = {p.in[0], p.out[1], p.err[1], p.status[1], req->landlock_fd};
+        if (send_with_fds(sp.sock, b.data, b.len, fds, h.has_ruleset ? 5 : 4) ==
+            (ssize_t)b.len) {
+            close_quietly(&sp.sock);
+            spawn_pipes_finish(&p, sp.pid, sp.pidfd, true, out);
+            rc = 0;
+            z->coming++;        /* its shim asks for the next one once its tool runs */
+        } else {
+            e = errno;
+            spare_drop(&sp);
+        }
+    }
     buf_free(&b);
     spawn_pipes_close(&p);
     errno = e;
     return rc;
+}
+
+unsigned zygote_standby(struct zygote *z)
+{
+    if (!z)
+        return 0;
+    /* Spares asked for are on their way (a fork, under a millisecond): wait a little for
+     * them, so that a quiet server reports the same figure every time. */
+    struct pollfd pf = {z->sock, POLLIN, 0};
+    while (!z->broken && z->asked + z->coming > 0 && poll(&pf, 1, 100) > 0 &&
+           spare_collect(z, false) == 0)
+        ;
+    return 1u + (unsigned)(z->npool + z->asked + z->coming);
 }
 
 void zygote_stop(struct zygote *z)
@@ -896,6 +1160,8 @@ void zygote_stop(struct zygote *z)
         return;
     /* SIGKILL of the zygote: its pid namespaces' inits get SIGUSR1 (PDEATHSIG) and end
      * their trees; the mount and network namespaces go with the last process. */
+    while (z->npool > 0)
+        spare_drop(&z->pool[--z->npool]);
     pidfd_send_signal(z->pidfd, SIGKILL, NULL, 0);
     siginfo_t si;
     waitid(P_PIDFD, (id_t)z->pidfd, &si, WEXITED);

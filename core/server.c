@@ -107,6 +107,7 @@ struct server {
     int nleaked;
     struct proc zombie_holder;      /* debug.zombie: a child that never reaps its own */
     bool holding_zombie;
+    struct zygote *spawner;         /* makes process-isolation calls' shims ahead of time */
 };
 
 /* ---- small helpers ------------------------------------------------------------------ */
@@ -379,6 +380,8 @@ static void m_session_open(struct srv_conn *conn, uint32_t msgid, const msgpack_
         s = NULL;
         errno = 0;
     }
+    if (s && !s->zygote)
+        s->spawner = srv->spawner;
     if (!s) {
         rpc_send_error(conn->rpc, msgid, errno == EEXIST ? "BAD_REQUEST" : "INTERNAL", false,
                        err, NULL);
@@ -779,7 +782,11 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     struct server *srv = conn->srv;
     unsigned live, zombies;
     proc_count_tree(&live, &zombies, NULL);
-    msgpack_packer *pk = result_begin(conn, msgid, 14);
+    /* of those, the ones kept ready on purpose: zygotes and their spare shims */
+    unsigned standby = zygote_standby(srv->spawner);
+    for (struct srv_session *ss = srv->sessions; ss; ss = ss->next)
+        standby += zygote_standby(ss->s->zygote);
+    msgpack_packer *pk = result_begin(conn, msgid, 15);
     rpc_pack_kv_int(pk, "sessions", srv->nsessions);
     rpc_pack_kv_int(pk, "running", srv->running);
     rpc_pack_key(pk, "calls");
@@ -787,6 +794,7 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     for (int i = 0; i < CLASS_COUNT; i++)
         rpc_pack_kv_int(pk, call_class_name((enum call_class)i), (int64_t)srv->class_counts[i]);
     rpc_pack_kv_int(pk, "processes", live);
+    rpc_pack_kv_int(pk, "standby", standby);
     rpc_pack_kv_int(pk, "zombies", zombies);
     rpc_pack_kv_int(pk, "fds", count_fds());
     rpc_pack_kv_int(pk, "rss_kb", rss_kb());
@@ -1357,6 +1365,16 @@ struct server *server_new(const struct server_opts *opts)
     if (mkdir(srv->state_dir, 0711) < 0 && errno != EEXIST)
         die_errno("state dir %s", srv->state_dir);
 
+    /* Forked now, while we are small and before any client: it inherits the probed
+     * caps and the compiled filter. Without it calls fork from here (slower, same walls). */
+    struct zygote_config plain = {.plain = true};
+    srv->spawner = zygote_start(&plain, &err);
+    if (!srv->spawner) {
+        LOG_W("no spawner, calls fork from the server: %s", err);
+        free(err);
+        err = NULL;
+    }
+
     srv->loop = ev_loop_new(EVFLAG_AUTO);
     if (!srv->loop)
         die("cannot create the event loop");
@@ -1414,6 +1432,7 @@ void server_free(struct server *srv)
         free(t->tool);
         free(t);
     }
+    zygote_stop(srv->spawner);
     policy_unref(srv->policy);
     free(srv->policy_path);
     free(srv->state_dir);

@@ -84,6 +84,7 @@ struct session *session_open(const char *state_dir, const char *id, bool reuse,
 {
     struct session *s = xcalloc(1, sizeof *s);
     s->uid_lock_fd = -1;
+    s->landlock_fd = -1;
     s->id = id ? xstrdup(id) : uuid_v4();
     s->state_dir = xstrdup(state_dir);
     if (!root_id_valid(s->id)) {
@@ -139,6 +140,7 @@ int session_close(struct session *s)
         rc = -1;
     }
     close_quietly(&s->uid_lock_fd);
+    close_quietly(&s->landlock_fd);
     free(s->id);
     free(s->root);
     free(s->state_dir);

@@ -24,6 +24,9 @@ struct session {
     int uid_lock_fd;            /* holds the uid while the session lives */
     bool keep_root;             /* `stockade run --session ID`: left for the next run */
     struct zygote *zygote;      /* strict isolation: the session's namespaces */
+    struct zygote *spawner;     /* process isolation: the server's (borrowed), or NULL */
+    int landlock_fd;            /* process isolation: the ruleset its tools get, built at
+                                 * its first call; -1 until then */
     bool net_closed;            /* the policy's network is "none" */
 };
 

@@ -44,12 +44,18 @@ static void reset_signal_dispositions(void)
         sigaction(sig, &sa, NULL);     /* fails harmlessly for KILL, STOP, RT internals */
 }
 
-/* Lower a limit; a policy value above the current hard limit means the hard limit (it
+/* The limits the shim inherited, read while it waits for its call (spawn_shim_prepare). */
+static const int limited[] = {RLIMIT_CORE, RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE,
+                              RLIMIT_NPROC};
+static struct rlimit inherited[RLIM_NLIMITS];
+
+/* Lower a limit; a policy value above the inherited hard limit means the hard limit (it
  * cannot be raised once the uid has changed). */
 static int set_limit(int resource, int64_t soft, int64_t hard)
 {
-    struct rlimit cur, rl = {(rlim_t)soft, (rlim_t)hard};
-    if (getrlimit(resource, &cur) == 0 && cur.rlim_max != RLIM_INFINITY) {
+    struct rlimit rl = {(rlim_t)soft, (rlim_t)hard};
+    const struct rlimit cur = inherited[resource];
+    if (cur.rlim_max != RLIM_INFINITY) {
         if (rl.rlim_max > cur.rlim_max)
             rl.rlim_max = cur.rlim_max;
         if (rl.rlim_cur > rl.rlim_max)
@@ -90,7 +96,8 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int errpipe)
         tool_fail(errpipe, errno);
     if (req->landlock) {
         struct sandbox_fs fs = {req->session_root, req->rw_paths};
-        if (sandbox_apply_landlock(&fs, req->net_closed) < 0)
+        if ((req->landlock_fd >= 0 ? sandbox_landlock_restrict(req->landlock_fd)
+                                   : sandbox_apply_landlock(&fs, req->net_closed)) < 0)
             tool_fail(errpipe, errno);
     }
     /* after Landlock: the filter refuses nothing Landlock needs, but keep walls in the
@@ -239,15 +246,26 @@ static int shim_signal_tree(bool pid1, int sig)
     return proc_signal_descendants(getpid(), sig, false);
 }
 
-static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent)
+static bool shim_prepared;
+
+void spawn_shim_prepare(bool dispositions_default)
 {
-    struct shim_report rep = {.magic = SHIM_REPORT_MAGIC};
+    if (dispositions_default) {
+        /* a zygote's child: everything is SIG_DFL but the zygote's SIGCHLD, which must
+         * not stay ignored (children would reap themselves) */
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigaction(SIGCHLD, &dfl, NULL);
+    } else {
+        reset_signal_dispositions();
+    }
     sigset_t set;
     shim_sigset(&set);
-    bool pid1 = getpid() == 1;
-    if (pid1) {
+    sigprocmask(SIG_SETMASK, &set, NULL);
+    if (getpid() == 1) {
         /* init of a pid namespace only receives signals it has a handler for; they stay
-         * blocked and are taken with sigtimedwait below */
+         * blocked and are taken with sigtimedwait */
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = shim_noop;
@@ -255,6 +273,25 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent)
             if (sigismember(&set, sig))
                 sigaction(sig, &sa, NULL);
     }
+    for (size_t i = 0; i < ARRAY_LEN(limited); i++)
+        if (getrlimit(limited[i], &inherited[limited[i]]) < 0)
+            inherited[limited[i]] = (struct rlimit){RLIM_INFINITY, RLIM_INFINITY};
+    shim_prepared = true;
+}
+
+static int64_t monotonic_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool has_ready_fd)
+{
+    struct shim_report rep = {.magic = SHIM_REPORT_MAGIC};
+    sigset_t set;
+    shim_sigset(&set);
+    bool pid1 = getpid() == 1;
 
     /* SIGUSR1 when the parent dies: the same "kill everything" path as a hard stop. */
     if (prctl(PR_SET_PDEATHSIG, SIGUSR1, 0, 0, 0) < 0 || (!pid1 && getppid() != parent))
@@ -277,14 +314,9 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent)
         _exit(0);
     }
     close(errpipe[1]);
-    /* The tool's stdio ends stay only with the tool, so EOF means the tree is done. */
-    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (devnull >= 0) {
-        dup2(devnull, 0);
-        dup2(devnull, 1);
-        dup2(devnull, 2);
-        close(devnull);
-    }
+    /* The tool's stdio ends stay only with the tool, so EOF means the tree is done. (The
+     * shim writes nothing but its report.) */
+    close_range(0, 2, 0);
 
     int err = 0;
     ssize_t n;
@@ -292,9 +324,18 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent)
         n = read(errpipe[0], &err, sizeof err);
     while (n < 0 && errno == EINTR);
     close(errpipe[0]);
+    if (has_ready_fd) {
+        /* The tool runs (or could not be started): our zygote makes the next spare now,
+         * on the CPU the tool is not using (earlier, it would compete with this call's
+         * start; later, with its end). */
+        ssize_t w = write(SHIM_READY_FD, "s", 1);
+        (void)w;
+        close(SHIM_READY_FD);
+    }
 
     bool tool_done = false, killing = false;
     int tool_status = 0;
+    int64_t next_watch = monotonic_ms() + 50;
     if (n == (ssize_t)sizeof err) {
         rep.outcome = SHIM_EXEC_FAILED;
         rep.err = err;
@@ -315,12 +356,16 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent)
         }
         /* RLIMIT_AS caps each process; the tree together is watched here, twenty times
          * a second (no cgroup to do it for us on this kind of host): a tree can overshoot
-         * by what it allocates in one interval, never for long. */
-        if (!killing && req->limits.memory > 0 &&
-            tree_rss_kb(pid1) * 1024 > req->limits.memory) {
-            rep.killed_for = SHIM_KILLED_MEMORY;
-            killing = true;
-            continue;
+         * by what it allocates in one interval, never for long. By the clock, not per
+         * wake-up: a tree whose children die fast must not starve the watch, and a tool
+         * that is over in a few ms never pays for a walk. */
+        if (!killing && req->limits.memory > 0 && monotonic_ms() >= next_watch) {
+            next_watch = monotonic_ms() + 50;
+            if (tree_rss_kb(pid1) * 1024 > req->limits.memory) {
+                rep.killed_for = SHIM_KILLED_MEMORY;
+                killing = true;
+                continue;
+            }
         }
         struct timespec tick = {0, (killing ? 20 : 50) * 1000 * 1000};
         siginfo_t si;
@@ -345,20 +390,29 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent)
 }
 
 void spawn_shim_enter(const struct spawn_req *req, int in_fd, int out_fd, int err_fd,
-                      int status_fd, pid_t parent)
+                      int status_fd, pid_t parent, bool has_ready_fd)
 {
-    reset_signal_dispositions();
-    sigset_t set;
-    shim_sigset(&set);
-    sigprocmask(SIG_SETMASK, &set, NULL);
-    /* Sources are all >= 3 (the supervisor keeps 0,1,2 open), so these dup2 calls
-     * never clobber one another. */
+    if (!shim_prepared)
+        spawn_shim_prepare(false);
+    /* Sources are all above the fds they go to (the supervisor keeps 0,1,2 open; a spare
+     * 0 to SHIM_READY_FD), so these dup2 calls never clobber one another. */
     if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0 ||
         dup2(status_fd, SHIM_STATUS_FD) < 0)
         _exit(1);
     fcntl(SHIM_STATUS_FD, F_SETFD, FD_CLOEXEC);
-    close_range(SHIM_STATUS_FD + 1, ~0U, 0);
-    shim_main(req, parent);
+    /* the ruleset last: whatever it lands on was copied above already */
+    struct spawn_req r = *req;
+    if (r.landlock_fd >= 0) {
+        if (dup2(r.landlock_fd, SHIM_RULESET_FD) < 0)
+            _exit(1);
+        r.landlock_fd = SHIM_RULESET_FD;
+        if (!has_ready_fd)
+            close(SHIM_READY_FD);
+        close_range(SHIM_RULESET_FD + 1, ~0U, 0);
+    } else {
+        close_range(has_ready_fd ? SHIM_READY_FD + 1 : SHIM_STATUS_FD + 1, ~0U, 0);
+    }
+    shim_main(&r, parent, has_ready_fd);
 }
 
 int spawn_pipes_open(struct spawn_pipes *p, bool with_stdin)
@@ -417,7 +471,7 @@ int spawn_start(const struct spawn_req *req, struct spawn_child *out)
     pid_t supervisor = getpid();
     pid_t pid = fork();
     if (pid == 0)
-        spawn_shim_enter(req, p.in[0], p.out[1], p.err[1], p.status[1], supervisor);
+        spawn_shim_enter(req, p.in[0], p.out[1], p.err[1], p.status[1], supervisor, false);
     int fork_errno = errno;
     sigprocmask(SIG_SETMASK, &old, NULL);
     int pidfd = pid > 0 ? pidfd_open(pid, 0) : -1;

@@ -34,6 +34,7 @@ struct spawn_req {
     bool net_closed;            /* no TCP (Landlock), no AF_INET* sockets (seccomp) */
     const char *session_root;
     const char *const *rw_paths;
+    int landlock_fd;            /* the ruleset for the above, built already; -1: build it */
 };
 
 struct spawn_child {
@@ -80,10 +81,22 @@ void spawn_pipes_finish(struct spawn_pipes *p, pid_t pid, int pidfd, bool not_ou
 /* Start the shim and the tool. 0, or -1 with errno (nothing left open or running). */
 int spawn_start(const struct spawn_req *req, struct spawn_child *out);
 
+/* What a shim sets up before it knows its call (signals, the limits it inherited): a
+ * spare calls this while it waits; spawn_shim_enter does it if not done.
+ * dispositions_default: every signal but SIGCHLD is known to be SIG_DFL already. */
+void spawn_shim_prepare(bool dispositions_default);
+
+/* A spare shim's fd 4: a byte written there once its tool is started (or could not be)
+ * asks its zygote for the next spare. */
+#define SHIM_READY_FD 4
+/* The shim's copy of spawn_req.landlock_fd. */
+#define SHIM_RULESET_FD 5
+
 /* In a freshly forked (or cloned) child: become the call's shim with these ends of the
- * tool's stdio and the report pipe. `parent` is checked against getppid() unless the
- * shim is pid 1 of its own pid namespace. Never returns. */
+ * tool's stdio and the report pipe (and, with has_ready_fd, SHIM_READY_FD kept open).
+ * `parent` is checked against getppid() unless the shim is pid 1 of its own pid
+ * namespace. Never returns. */
 _Noreturn void spawn_shim_enter(const struct spawn_req *req, int in_fd, int out_fd, int err_fd,
-                                int status_fd, pid_t parent);
+                                int status_fd, pid_t parent, bool has_ready_fd);
 
 #endif

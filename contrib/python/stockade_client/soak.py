@@ -377,6 +377,14 @@ class _ServerGone(Exception):
     """The connection to the server is gone."""
 
 
+def call_processes(st: Dict[str, Any]) -> int:
+    """The server's processes less those it keeps ready on purpose (zygotes and spare
+    shims: stats.standby), which are not growth."""
+    procs = st.get("processes") or 0
+    standby = st.get("standby")
+    return max(0, procs - standby) if isinstance(standby, int) else procs
+
+
 FIGURES = ("fds", "processes", "zombies", "rss_kb", "sessions", "running", "leftover_dirs",
            "host_fds", "host_procs", "host_zombies", "server_zombies", "server_zombies_seen",
            "host_rss_kb",
@@ -828,6 +836,8 @@ class Soak:
         for k in ("fds", "processes", "zombies", "rss_kb", "sessions", "running"):
             v = st.get(k)
             rec[k] = v if isinstance(v, int) and not isinstance(v, bool) else None
+        if rec["processes"] is not None:
+            rec["processes"] = call_processes(st)
         for a in st.get("alarms") or []:
             if isinstance(a, dict):
                 rec.setdefault("alarms_active", 0)
@@ -971,7 +981,7 @@ class Soak:
             except (StockadeError, TimeoutError):
                 st = None
             if st and st.get("running") == 0 and st.get("zombies") == 0 \
-                    and (st.get("processes") or 0) <= base_procs:
+                    and call_processes(st) <= base_procs:
                 return st
             if time.monotonic() > end:
                 return st
