@@ -676,6 +676,8 @@ static void index_prefixes(struct tool_def *d)
                 at += count[c];
             }
             d->redact_at[256] = (uint16_t)at;
+            for (int c = 0; c < 256; c++)
+                d->redact_starts[c] = count[c] > 0;
         }
         for (int ci = 0; ci < 2; ci++) {
             for (char **p = ci ? d->redact_iprefixes : d->redact_prefixes; p && *p; p++) {
@@ -1362,7 +1364,16 @@ static size_t first_prefix(const struct tool_def *t, const char *text, size_t le
      * compared. Output without those bytes costs a table lookup per byte. */
     const unsigned char *u = (const unsigned char *)text;
     const uint16_t *at = t->redact_at;
+    const uint8_t *starts = t->redact_starts;
     for (size_t i = 0; i < len; i++) {
+        /* the common case, skipped four bytes a step: none of them starts a prefix */
+        while (i + 4 <= len &&
+               !(starts[u[i]] | starts[u[i + 1]] | starts[u[i + 2]] | starts[u[i + 3]]))
+            i += 4;
+        while (i < len && !starts[u[i]])
+            i++;
+        if (i == len)
+            break;
         unsigned c = u[i];
         for (unsigned k = at[c]; k < at[c + 1]; k++) {
             const struct redact_prefix *rp = &t->redact_index[k];

@@ -53,6 +53,7 @@ struct tool_def {
      * scan compares only where a prefix can begin */
     struct redact_prefix *redact_index;
     uint16_t redact_at[257];    /* entries for byte c: [redact_at[c], redact_at[c+1]) */
+    uint8_t redact_starts[256]; /* 1: some prefix starts with byte c */
     char **env_allow;           /* names this tool may receive, besides the policy's */
     size_t redact_window;
 };
