@@ -1059,7 +1059,7 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
     z->sock = sv[0];
     /* the server's spawner serves every session's calls at once: keep two ahead */
     z->plain = cfg->plain;
-    z->want = cfg->plain ? 2 : 1;
+    z->want = cfg->plain ? ZYG_POOL : 1;
     while (cfg->plain && z->asked < z->want && spare_ask(z) == 0)
         ;
     return z;
