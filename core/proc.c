@@ -18,6 +18,42 @@ static struct proc *registry;
 static ev_signal sigchld_watcher;
 static unsigned long orphans_reaped;
 
+/* Children kept on purpose (zygotes, the server's spawner): neither a call's tree nor
+ * orphans, so a sweep leaves them and everything below them alone. */
+static pid_t *kept;
+static size_t nkept, kept_cap;
+
+void proc_keep(pid_t pid)
+{
+    if (nkept == kept_cap) {
+        kept_cap = kept_cap ? 2 * kept_cap : 16;
+        kept = xrealloc(kept, kept_cap * sizeof *kept);
+    }
+    kept[nkept++] = pid;
+}
+
+void proc_unkeep(pid_t pid)
+{
+    for (size_t i = 0; i < nkept; i++)
+        if (kept[i] == pid) {
+            kept[i] = kept[--nkept];
+            break;
+        }
+    if (nkept == 0) {
+        free(kept);
+        kept = NULL;
+        kept_cap = 0;
+    }
+}
+
+static bool is_kept(pid_t pid)
+{
+    for (size_t i = 0; i < nkept; i++)
+        if (kept[i] == pid)
+            return true;
+    return false;
+}
+
 static struct proc *find(pid_t pid)
 {
     for (struct proc *p = registry; p; p = p->next)
@@ -74,6 +110,7 @@ void proc_reap(void)
             if (!reap_registered(p))
                 return;
         } else {
+            proc_unkeep(si.si_pid);     /* a zygote that died: its pid may come back */
             if (waitpid(si.si_pid, NULL, WNOHANG) > 0)
                 orphans_reaped++;
         }
@@ -230,8 +267,9 @@ int proc_signal_descendants(pid_t root, int sig, bool skip_registered)
     struct pidset tree = {0}, skipped = {0};
     pidset_add(&tree, root);
     for (size_t i = 0; i < tree.n && tree.n < 100000; i++) {
-        /* A registered child (a live call's shim) owns its own tree: leave it whole. */
-        if (i > 0 && skip_registered && find(tree.v[i]))
+        /* A registered child (a live call's shim) owns its own tree, and a kept one (a
+         * zygote) holds the shims of live calls: leave them whole. */
+        if (i > 0 && skip_registered && (find(tree.v[i]) || is_kept(tree.v[i])))
             pidset_add(&skipped, tree.v[i]);
         else
             read_children(tree.v[i], &tree);

@@ -31,8 +31,11 @@ void proc_forget(struct proc *p);
 int proc_signal(struct proc *p, int sig);
 /* Reap whatever has exited; dispatches on_exit for registered children. */
 void proc_reap(void);
-/* Kill every unregistered child of the supervisor and their trees (orphans that a dead
- * shim left behind). Returns how many processes were signalled. */
+/* A child the supervisor keeps on purpose (a zygote): not an orphan to sweep. */
+void proc_keep(pid_t pid);
+void proc_unkeep(pid_t pid);
+/* Kill every unregistered, unkept child of the supervisor and their trees (orphans that a
+ * dead shim left behind). Returns how many processes were signalled. */
 int proc_sweep_orphans(void);
 
 unsigned proc_live(void);               /* registered children not yet reaped */

@@ -101,8 +101,10 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err);
 int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_child *out);
 /* A spare handed out ended without a report: its ask for a successor may never come. */
 void zygote_spare_lost(struct zygote *z);
-/* Processes it keeps ready: itself and its spares (delivered or asked for); 0 for NULL. */
-unsigned zygote_standby(struct zygote *z);
+/* Processes it keeps ready: itself and its spares (delivered or on their way); 0 for
+ * NULL. Adds the descriptors the supervisor holds for them to *fds (if fds). wait_ms:
+ * how long to wait for spares on their way (0: take what has arrived; < 0: count only). */
+unsigned zygote_standby(struct zygote *z, int wait_ms, unsigned *fds);
 /* Kill it (its calls die with it) and release everything. */
 void zygote_stop(struct zygote *z);
 

@@ -1,6 +1,7 @@
 /* The Linux walls: probe, Landlock, seccomp (libseccomp), and the per-session zygote
  * (namespaces + mount tree built once, one clone per call). */
 #include "sandbox.h"
+#include "proc.h"
 #include "util.h"
 
 #include <errno.h>
@@ -817,6 +818,10 @@ static _Noreturn void spare_main(int sock, bool world, pid_t zygote, char *buf)
     /* the request socket becomes fd 3 (over our copy of the supervisor's socket, which
      * is not ours to hold), the zygote's ask pipe fd 4; nothing else the zygote had open
      * stays */
+    /* a spare outlives its zygote by nothing: the supervisor counts on a live zygote's
+     * spares only (its shim re-arms this for the supervisor's death, checked again) */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || (!world && getppid() != zygote))
+        _exit(1);
     if (dup2(sock, ZYG_FD) < 0 || dup2(ZYG_ASK_W, SHIM_READY_FD) < 0)
         _exit(1);
     close_range(SHIM_READY_FD + 1, ~0U, 0);
@@ -1053,6 +1058,7 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
         close(sv[0]);
         return NULL;
     }
+    proc_keep(pid);
     struct zygote *z = xcalloc(1, sizeof *z);
     z->pid = pid;
     z->pidfd = pidfd;
@@ -1123,6 +1129,14 @@ int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_chi
         if (z->npool == 0)
             continue;
         struct zyg_spare sp = z->pool[--z->npool];
+        struct pollfd gone = {sp.pidfd, POLLIN, 0};
+        if (poll(&gone, 1, 0) > 0) {
+            /* it died while it waited: no call goes to it (the pool is small, so this
+             * does not loop long) */
+            spare_drop(&sp);
+            attempt--;
+            continue;
+        }
         int fds[5] = {p.in[0], p.out[1], p.err[1], p.status[1], req->landlock_fd};
         if (send_with_fds(sp.sock, b.data, b.len, fds, h.has_ruleset ? 5 : 4) ==
             (ssize_t)b.len) {
@@ -1141,16 +1155,18 @@ int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_chi
     return rc;
 }
 
-unsigned zygote_standby(struct zygote *z)
+unsigned zygote_standby(struct zygote *z, int wait_ms, unsigned *fds)
 {
     if (!z)
         return 0;
-    /* Spares asked for are on their way (a fork, under a millisecond): wait a little for
-     * them, so that a quiet server reports the same figure every time. */
+    /* Spares asked for are on their way (a fork, under a millisecond): with wait_ms, wait
+     * a little for them, so that a quiet server reports the same figure every time. */
     struct pollfd pf = {z->sock, POLLIN, 0};
-    while (!z->broken && z->asked + z->coming > 0 && poll(&pf, 1, 100) > 0 &&
-           spare_collect(z, false) == 0)
-        ;
+    if (wait_ms >= 0 && !z->broken && z->asked + z->coming > 0 &&
+        (wait_ms == 0 || poll(&pf, 1, wait_ms) > 0))
+        spare_collect(z, false);
+    if (fds)
+        *fds += 2u + 2u * (unsigned)z->npool;   /* pidfd and socket, its own and each spare's */
     return 1u + (unsigned)(z->npool + z->asked + z->coming);
 }
 
@@ -1162,6 +1178,7 @@ void zygote_stop(struct zygote *z)
      * their trees; the mount and network namespaces go with the last process. */
     while (z->npool > 0)
         spare_drop(&z->pool[--z->npool]);
+    proc_unkeep(z->pid);
     pidfd_send_signal(z->pidfd, SIGKILL, NULL, 0);
     siginfo_t si;
     waitid(P_PIDFD, (id_t)z->pidfd, &si, WEXITED);

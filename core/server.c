@@ -776,17 +776,29 @@ static void m_hello(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     rpc_conn_flush(conn->rpc);
 }
 
+/* What the server holds on purpose beside the calls' trees: the spawner and the zygotes
+ * with their spare shims (processes, and the descriptors it holds for them) and the
+ * sessions' Landlock rulesets. Alarms and the soak measure growth beyond it. */
+static unsigned standby_count(struct server *srv, int wait_ms, unsigned *fds)
+{
+    unsigned procs = zygote_standby(srv->spawner, wait_ms, fds);
+    for (struct srv_session *ss = srv->sessions; ss; ss = ss->next) {
+        procs += zygote_standby(ss->s->zygote, wait_ms, fds);
+        if (fds && ss->s->landlock_fd >= 0)
+            (*fds)++;
+    }
+    return procs;
+}
+
 static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
     (void)params;
     struct server *srv = conn->srv;
     unsigned live, zombies;
     proc_count_tree(&live, &zombies, NULL);
-    /* of those, the ones kept ready on purpose: zygotes and their spare shims */
-    unsigned standby = zygote_standby(srv->spawner);
-    for (struct srv_session *ss = srv->sessions; ss; ss = ss->next)
-        standby += zygote_standby(ss->s->zygote);
-    msgpack_packer *pk = result_begin(conn, msgid, 15);
+    unsigned standby_fds = 0, standby = standby_count(srv, 100, NULL);
+    standby_count(srv, -1, &standby_fds);
+    msgpack_packer *pk = result_begin(conn, msgid, 16);
     rpc_pack_kv_int(pk, "sessions", srv->nsessions);
     rpc_pack_kv_int(pk, "running", srv->running);
     rpc_pack_key(pk, "calls");
@@ -795,6 +807,7 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
         rpc_pack_kv_int(pk, call_class_name((enum call_class)i), (int64_t)srv->class_counts[i]);
     rpc_pack_kv_int(pk, "processes", live);
     rpc_pack_kv_int(pk, "standby", standby);
+    rpc_pack_kv_int(pk, "standby_fds", standby_fds);
     rpc_pack_kv_int(pk, "zombies", zombies);
     rpc_pack_kv_int(pk, "fds", count_fds());
     rpc_pack_kv_int(pk, "rss_kb", rss_kb());
@@ -960,11 +973,16 @@ static void on_sample(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop, (void)revents;
     struct server *srv = w->data;
+    standby_count(srv, 0, NULL);        /* take the spares that arrived, then count */
     acct_sample_take(&srv->last);
     alarm_thresholds(srv);
+    /* what is held on purpose is not growth */
+    unsigned standby_fds = 0, standby = standby_count(srv, -1, &standby_fds);
     int64_t values[ALARM_COUNT] = {
-        [ALARM_ZOMBIES] = srv->last.owned_zombies, [ALARM_FDS] = srv->last.fds,
-        [ALARM_RSS] = srv->last.rss_kb, [ALARM_PROCESSES] = srv->last.processes,
+        [ALARM_ZOMBIES] = srv->last.owned_zombies,
+        [ALARM_FDS] = (int64_t)srv->last.fds - standby_fds,
+        [ALARM_RSS] = srv->last.rss_kb,
+        [ALARM_PROCESSES] = (int64_t)srv->last.processes - standby,
         [ALARM_SESSIONS] = srv->nsessions,
     };
     for (int k = 0; k < ALARM_COUNT; k++) {
@@ -1457,8 +1475,11 @@ int server_run(const struct server_opts *opts)
         conn_add(srv, 0, 1, geteuid());
     }
     /* The baseline the fds alarm measures growth from: everything start-up opened. */
+    standby_count(srv, 100, NULL);
     acct_sample_take(&srv->last);
-    srv->fd_baseline = srv->last.fds;
+    unsigned standby_fds = 0;
+    standby_count(srv, -1, &standby_fds);
+    srv->fd_baseline = srv->last.fds - (int)standby_fds;
     alarm_thresholds(srv);
     ev_timer_start(srv->loop, &srv->sampler);
     ev_unref(srv->loop);        /* the sampler alone must not keep the server alive */

@@ -1457,3 +1457,103 @@ def test_stdin_eof_mid_message(serve, state_dir):
     raw.close()
     assert srv_.wait_exit() == 0
     assert sessions_left(state_dir) == []
+
+
+# ---------------------------------------------------------------- spares (made ahead of time)
+
+STRICT_POLICY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "fixtures", "sec_strict.lua")
+
+
+def _spawner_and_spares(srv_pid):
+    """The server's spawner (its one child that has children of its own while no call
+    runs) and the spares waiting under it."""
+    live, _ = children(srv_pid)
+    for pid in live:
+        kids, _ = children(pid)
+        if kids:
+            return pid, kids
+    return None, []
+
+
+def _kill(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)       # ours: the server's spawner and its spares
+        except ProcessLookupError:
+            pass
+
+
+def test_spares_are_kept_and_replaced(serve):
+    """The spawner keeps spares; calls use them; killed while they wait, they are made
+    up for, and no call fails or waits for them."""
+    srv_ = serve()
+    c = srv_.client
+    s = c.open_session()
+    for _ in range(5):
+        assert s.call("true").ok
+    spawner, spares = [None], []
+
+    def found():
+        spawner[0], spares[:] = _spawner_and_spares(srv_.pid)
+        return len(spares) >= 2
+    wait_until(found, 10, "the spawner's spares")
+    assert c.stats()["standby"] == 1 + len(spares)
+    _kill(spares)
+    wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in spares), 10,
+               "the killed spares gone")
+    for i in range(30):
+        r = s.call("echo", [str(i)])
+        assert r.ok and r.stdout == f"{i}\n".encode(), (r.class_, r.message)
+    # replaced: as many spares as before, none of the killed ones, nothing else left over
+    wait_until(lambda: len(_spawner_and_spares(srv_.pid)[1]) >= len(spares), 10,
+               "spares made up for")
+    assert not set(_spawner_and_spares(srv_.pid)[1]) & set(spares)
+    st = c.stats()
+    assert st["zombies"] == 0 and st["processes"] == st["standby"], st
+
+
+def test_spawner_killed_calls_go_on(serve, state_dir):
+    """Without its spawner the server forks each call's shim itself: slower, same walls,
+    nothing lost."""
+    srv_ = serve()
+    c = srv_.client
+    s = c.open_session()
+    assert s.call("true").ok
+    spawner = [None]
+
+    def found():
+        spawner[0], _ = _spawner_and_spares(srv_.pid)
+        return spawner[0] is not None
+    wait_until(found, 10, "the spawner")
+    _kill([spawner[0]])
+    wait_until(lambda: not os.path.exists(f"/proc/{spawner[0]}") or
+               children(srv_.pid)[1], 10, "the spawner dead")
+    for i in range(30):
+        r = s.call("echo", [str(i)])
+        assert r.ok and r.stdout == f"{i}\n".encode(), (r.class_, r.message)
+    assert s.close()["removed"] is True
+    wait_until(lambda: c.stats()["zombies"] == 0 and not children(srv_.pid)[1], 10,
+               "no zombie left")
+    assert sessions_left(state_dir) == []
+
+
+def test_strict_spare_killed_next_call_still_runs(serve):
+    """A session's zygote keeps one spare; if it dies while it waits, the next call gets a
+    new one (and still runs in its own pid namespace)."""
+    if os.geteuid() != 0 and not os.path.exists("/proc/self/ns/user"):
+        pytest.skip("strict isolation needs root or user namespaces")
+    srv_ = serve(policy=STRICT_POLICY)
+    c = srv_.client
+    s = c.open_session()
+    for _ in range(3):
+        assert s.call("true").ok
+    wait_until(lambda: [k for pid in children(srv_.pid)[0] for k in children(pid)[0]], 10,
+               "the zygote's spare")
+    zygote_spares = [k for pid in children(srv_.pid)[0] for k in children(pid)[0]]
+    _kill(zygote_spares)
+    wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in zygote_spares), 10,
+               "the killed spare gone")
+    for _ in range(5):
+        r = s.call("sh", ["-c", "echo $$"])
+        assert r.ok and r.stdout == b"2\n", (r.class_, r.message, r.stdout)

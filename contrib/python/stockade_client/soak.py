@@ -377,12 +377,17 @@ class _ServerGone(Exception):
     """The connection to the server is gone."""
 
 
+def less_standby(st: Dict[str, Any], key: str, standby_key: str) -> int:
+    """A figure less what the server keeps ready on purpose (the spawner, zygotes and
+    their spare shims: stats.standby processes, stats.standby_fds descriptors), which is
+    not growth."""
+    v = st.get(key) or 0
+    standby = st.get(standby_key)
+    return max(0, v - standby) if isinstance(standby, int) else v
+
+
 def call_processes(st: Dict[str, Any]) -> int:
-    """The server's processes less those it keeps ready on purpose (zygotes and spare
-    shims: stats.standby), which are not growth."""
-    procs = st.get("processes") or 0
-    standby = st.get("standby")
-    return max(0, procs - standby) if isinstance(standby, int) else procs
+    return less_standby(st, "processes", "standby")
 
 
 FIGURES = ("fds", "processes", "zombies", "rss_kb", "sessions", "running", "leftover_dirs",
@@ -838,6 +843,8 @@ class Soak:
             rec[k] = v if isinstance(v, int) and not isinstance(v, bool) else None
         if rec["processes"] is not None:
             rec["processes"] = call_processes(st)
+        if rec["fds"] is not None:
+            rec["fds"] = less_standby(st, "fds", "standby_fds")
         for a in st.get("alarms") or []:
             if isinstance(a, dict):
                 rec.setdefault("alarms_active", 0)
