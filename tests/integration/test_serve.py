@@ -1495,10 +1495,10 @@ def test_spares_are_kept_and_replaced(serve):
     spawner, spares = [None], []
 
     def found():
+        # stats.standby counts the spawner and its spares, made or on their way
         spawner[0], spares[:] = _spawner_and_spares(srv_.pid)
-        return len(spares) >= 2
-    wait_until(found, 10, "the spawner's spares")
-    assert c.stats()["standby"] == 1 + len(spares)
+        return len(spares) >= 2 and c.stats()["standby"] == 1 + len(spares)
+    wait_until(found, 10, "the spawner's spares, all made and counted in stats.standby")
     _kill(spares)
     wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in spares), 10,
                "the killed spares gone")
@@ -1509,8 +1509,9 @@ def test_spares_are_kept_and_replaced(serve):
     wait_until(lambda: len(_spawner_and_spares(srv_.pid)[1]) >= len(spares), 10,
                "spares made up for")
     assert not set(_spawner_and_spares(srv_.pid)[1]) & set(spares)
-    st = c.stats()
-    assert st["zombies"] == 0 and st["processes"] == st["standby"], st
+    # nothing but what is kept ready: no zombie, no leftover of the killed ones
+    wait_until(lambda: (lambda st: st["zombies"] == 0 and st["processes"] == st["standby"])(
+        c.stats()), 10, "the server back to its spawner and spares")
 
 
 def test_spawner_killed_calls_go_on(serve, state_dir):
