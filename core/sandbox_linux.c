@@ -1162,9 +1162,14 @@ unsigned zygote_standby(struct zygote *z, int wait_ms, unsigned *fds)
     /* Spares asked for are on their way (a fork, under a millisecond): with wait_ms, wait
      * a little for them, so that a quiet server reports the same figure every time. */
     struct pollfd pf = {z->sock, POLLIN, 0};
-    if (wait_ms >= 0 && !z->broken && z->asked + z->coming > 0 &&
-        (wait_ms == 0 || poll(&pf, 1, wait_ms) > 0))
-        spare_collect(z, false);
+    int64_t until = now_ms() + (wait_ms > 0 ? wait_ms : 0);
+    for (int64_t left = wait_ms; left >= 0 && !z->broken && z->asked + z->coming > 0;
+         left = until - now_ms()) {
+        if (left > 0 && poll(&pf, 1, (int)left) <= 0)
+            break;
+        if (spare_collect(z, false) < 0 || left == 0)
+            break;
+    }
     if (fds)
         *fds += 2u + 2u * (unsigned)z->npool;   /* pidfd and socket, its own and each spare's */
     return 1u + (unsigned)(z->npool + z->asked + z->coming);
