@@ -1063,7 +1063,7 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
     z->pid = pid;
     z->pidfd = pidfd;
     z->sock = sv[0];
-    /* the server's spawner serves every session's calls at once: keep two ahead */
+    /* the server's spawner serves every session's calls at once: keep a few ahead */
     z->plain = cfg->plain;
     z->want = cfg->plain ? ZYG_POOL : 1;
     while (cfg->plain && z->asked < z->want && spare_ask(z) == 0)
@@ -1121,8 +1121,9 @@ int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_chi
             e = EWOULDBLOCK;
             break;
         }
-        if (z->npool == 0 && ((z->asked + z->coming == 0 && spare_ask(z) < 0) ||
-                              spare_collect(z, true) < 0)) {
+        /* a session's zygote: ask, and wait for the first to arrive (ours, or the one a
+         * running call's shim asked for); never only for a shim's, which may be slow */
+        if (z->npool == 0 && (spare_ask(z) < 0 || spare_collect(z, true) < 0)) {
             e = errno;
             break;
         }
