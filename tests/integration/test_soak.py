@@ -29,10 +29,13 @@ CALL_KINDS = list(soak.KINDS)                 # every kind of call in the mix
 ALL_KINDS = CALL_KINDS + ["session_churn"]
 
 
-def run_soak(stockade, args, timeout):
-    """Run the driver as `stockade soak` does; returns the CompletedProcess (text)."""
+def run_soak(stockade, args, timeout, workdir_base=None):
+    """Run the driver as `stockade soak` does; returns the CompletedProcess (text).
+    workdir_base: where it makes its work dir (STOCKADE_SOAK_TMPDIR)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = CONTRIB
+    if workdir_base:
+        env["STOCKADE_SOAK_TMPDIR"] = workdir_base
     env.pop("STOCKADE_DEPTH", None)
     cmd = [sys.executable, "-m", "stockade_client.soak", "--stockade", stockade,
            "--progress", "plain"] + list(args)
@@ -188,13 +191,18 @@ def test_soak_threshold_violation_fails(stockade, tmp_path):
 
 
 def test_soak_usage_errors(stockade, tmp_path):
+    base = tmp_path / "work"
+    base.mkdir()
     for args in (["--duration", "ten minutes"], ["--concurrency", "0"],
                  ["--mix", "nonsense=3"], ["--policy", str(tmp_path / "missing.lua"),
                                            "--duration", "1s"]):
-        cp = run_soak(stockade, args, timeout=60)
+        cp = run_soak(stockade, args, timeout=60, workdir_base=str(base))
         assert cp.returncode == 2, (args, cp.returncode, cp.stderr)
-    cp = run_soak(str(tmp_path / "no-such-stockade"), ["--duration", "1s"], timeout=60)
+    cp = run_soak(str(tmp_path / "no-such-stockade"), ["--duration", "1s"], timeout=60,
+                  workdir_base=str(base))
     assert cp.returncode == 2
+    # a refused run leaves nothing behind
+    assert os.listdir(base) == []
 
 
 def test_stockade_soak_subcommand(stockade):

@@ -532,8 +532,9 @@ class Soak:
             self.mix[k] = w
 
     def _usage(self, msg: str) -> int:
+        # the message carries the server log's tail already; an empty work dir is litter
         print(f"stockade soak: {msg}", file=self.err, flush=True)
-        self.cleanup(keep=True)
+        self.cleanup(keep=self.o.keep_state)
         return 2
 
     @staticmethod
