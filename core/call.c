@@ -468,8 +468,7 @@ static void shim_done(struct call *c, const struct shim_report *rep, int wstatus
     ev_io_stop(c->loop, &c->report_watcher);
     close_quietly(&c->child.status_fd);
     if (!rep) {
-        if (c->child.not_our_child)
-            zygote_spare_lost(c->session->zygote ? c->session->zygote : c->session->spawner);
+        zygote_spare_lost(c->zygote);   /* it may have died before asking for a successor */
         /* Only a killed shim reports nothing; its orphans are now ours to end. */
         int swept = proc_sweep_orphans();
         if (c->kill_class != CLASS_OK) {
@@ -735,7 +734,9 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
     if (!z && session->spawner && !session->spawner->broken)
         z = session->spawner;
     int rc = z ? zygote_spawn(z, &sr, &c->child) : spawn_start(&sr, &c->child);
-    if (rc < 0 && z && z == session->spawner)
+    if (rc == 0)
+        c->zygote = z;
+    else if (z && z == session->spawner)
         rc = spawn_start(&sr, &c->child);       /* no spare ready: fork one here */
     int spawn_errno = errno;
     free(argv);
@@ -748,7 +749,7 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
     c->state = CALL_RUNNING;
     proc_watch(&c->proc, c->child.pid, c->child.pidfd, on_shim_exit, c);
     c->child.pidfd = -1;                 /* owned by c->proc now */
-    if (c->child.not_our_child) {
+    if (c->zygote) {
         ev_io_init(&c->report_watcher, on_report, c->child.status_fd, EV_READ);
         c->report_watcher.data = c;
         ev_io_start(loop, &c->report_watcher);

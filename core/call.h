@@ -94,6 +94,7 @@ struct call {
     struct spawn_child child;
     struct proc proc;
     bool shim_reaped;
+    struct zygote *zygote;              /* whose spare runs the call (borrowed), or NULL */
     ev_io report_watcher;               /* a zygote's shim: its report ends the call */
     bool ran;                           /* the tool ran and ended on its own */
     struct call_stream_state out, err;

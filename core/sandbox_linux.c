@@ -433,7 +433,6 @@ struct zyg_msg {
     uint32_t magic;
     uint32_t argc, envc, rwc;
     uint32_t drop_user, with_stdin, landlock, seccomp, net_closed;
-    uint32_t has_ruleset;   /* a fifth fd: the session's Landlock ruleset */
     uint32_t uid, gid;
     struct spawn_limits limits;
     uint32_t len;           /* bytes of strings that follow */
@@ -1071,6 +1070,33 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
     return z;
 }
 
+/* A live spare off the pool: 0, or -1 with errno. The server's spawner is never waited
+ * for (EWOULDBLOCK when it has none ready: the caller forks the shim itself); a session's
+ * zygote is asked and waited for (its own spare, or the one a running call's shim asked
+ * for: never only the latter, which may be slow). */
+static int spare_take(struct zygote *z, struct zyg_spare *out)
+{
+    if (spare_collect(z, false) < 0)
+        return -1;
+    for (;;) {
+        while (z->npool > 0) {
+            *out = z->pool[--z->npool];
+            struct pollfd gone = {out->pidfd, POLLIN, 0};
+            if (poll(&gone, 1, 0) <= 0)
+                return 0;
+            spare_drop(out);        /* it died while it waited */
+        }
+        if (z->plain) {
+            while (z->npool + z->asked + z->coming < z->want && spare_ask(z) == 0)
+                ;
+            errno = EWOULDBLOCK;
+            return -1;
+        }
+        if (spare_ask(z) < 0 || spare_collect(z, true) < 0)
+            return -1;
+    }
+}
+
 int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_child *out)
 {
     if (z->broken) {
@@ -1084,7 +1110,6 @@ int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_chi
         .rwc = (uint32_t)strv_len((char *const *)req->rw_paths), .drop_user = req->drop_user,
         .with_stdin = req->with_stdin, .landlock = req->landlock, .seccomp = req->seccomp,
         .net_closed = req->net_closed, .uid = req->uid, .gid = req->gid, .limits = req->limits,
-        .has_ruleset = req->landlock_fd >= 0,
     };
     buf_append(&b, &h, sizeof h);
     put_str(&b, req->path);
@@ -1106,43 +1131,21 @@ int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_chi
         buf_free(&b);
         return -1;
     }
-    int rc = -1, e = EAGAIN;
-    /* a spare that died while it waited (it should not) is replaced once */
+    /* A call goes only to a live spare: the request is sent after a look at its pidfd,
+     * and a spare that died while it waited is dropped (the pool is small). A send that
+     * fails all the same is retried once with another. */
+    int rc = -1, e = 0;
+    int fds[5] = {p.in[0], p.out[1], p.err[1], p.status[1], req->landlock_fd};
+    int nfds = req->landlock_fd >= 0 ? 5 : 4;
     for (int attempt = 0; rc < 0 && attempt < 2; attempt++) {
-        if (spare_collect(z, false) < 0) {
+        struct zyg_spare sp;
+        if (spare_take(z, &sp) < 0) {
             e = errno;
             break;
         }
-        if (z->npool == 0 && z->plain) {
-            /* the server's spawner serves calls from every session: when it has none
-             * ready, the caller makes the shim itself rather than wait */
-            while (z->npool + z->asked + z->coming < z->want && spare_ask(z) == 0)
-                ;
-            e = EWOULDBLOCK;
-            break;
-        }
-        /* a session's zygote: ask, and wait for the first to arrive (ours, or the one a
-         * running call's shim asked for); never only for a shim's, which may be slow */
-        if (z->npool == 0 && (spare_ask(z) < 0 || spare_collect(z, true) < 0)) {
-            e = errno;
-            break;
-        }
-        if (z->npool == 0)
-            continue;
-        struct zyg_spare sp = z->pool[--z->npool];
-        struct pollfd gone = {sp.pidfd, POLLIN, 0};
-        if (poll(&gone, 1, 0) > 0) {
-            /* it died while it waited: no call goes to it (the pool is small, so this
-             * does not loop long) */
-            spare_drop(&sp);
-            attempt--;
-            continue;
-        }
-        int fds[5] = {p.in[0], p.out[1], p.err[1], p.status[1], req->landlock_fd};
-        if (send_with_fds(sp.sock, b.data, b.len, fds, h.has_ruleset ? 5 : 4) ==
-            (ssize_t)b.len) {
+        if (send_with_fds(sp.sock, b.data, b.len, fds, nfds) == (ssize_t)b.len) {
             close_quietly(&sp.sock);
-            spawn_pipes_finish(&p, sp.pid, sp.pidfd, true, out);
+            spawn_pipes_finish(&p, sp.pid, sp.pidfd, out);
             rc = 0;
             z->coming++;        /* its shim asks for the next one once its tool runs */
         } else {

@@ -796,8 +796,7 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     struct server *srv = conn->srv;
     /* with no call running, the spares on their way are waited for (briefly), before
      * anything is counted: a quiet server reports the same figures every time */
-    unsigned standby_fds = 0, standby = standby_count(srv, srv->running ? 0 : 100, NULL);
-    standby_count(srv, -1, &standby_fds);
+    unsigned standby_fds = 0, standby = standby_count(srv, srv->running ? 0 : 100, &standby_fds);
     unsigned live, zombies;
     proc_count_tree(&live, &zombies, NULL);
     msgpack_packer *pk = result_begin(conn, msgid, 16);

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
@@ -132,9 +131,9 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int errpipe)
 /* The tool's process borrows the shim's memory until it execs (CLONE_VM|CLONE_VFORK, as
  * posix_spawn does): copying an address space costs more than the exec itself on a VM,
  * and the shim has nothing to do until the exec is done. The child only makes syscalls;
- * everything it reads was prepared before (caps probed, seccomp compiled). Under the
- * sanitizers, whose runtimes keep per-thread state the child would share, a plain fork. */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_UNDEFINED__)
+ * everything it reads was prepared before (caps probed, seccomp compiled). Under ASan
+ * (SAN=1), whose runtime keeps per-thread state the child would share, a plain fork. */
+#if defined(__SANITIZE_ADDRESS__)
 #define TOOL_SHARES_MEMORY 0
 #else
 #define TOOL_SHARES_MEMORY 1
@@ -279,13 +278,6 @@ void spawn_shim_prepare(bool dispositions_default)
     shim_prepared = true;
 }
 
-static int64_t monotonic_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool has_ready_fd)
 {
     struct shim_report rep = {.magic = SHIM_REPORT_MAGIC};
@@ -335,7 +327,7 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool 
 
     bool tool_done = false, killing = false;
     int tool_status = 0;
-    int64_t next_watch = monotonic_ms() + 50;
+    int64_t next_watch = now_ms() + 50;
     if (n == (ssize_t)sizeof err) {
         rep.outcome = SHIM_EXEC_FAILED;
         rep.err = err;
@@ -359,8 +351,8 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool 
          * by what it allocates in one interval, never for long. By the clock, not per
          * wake-up: a tree whose children die fast must not starve the watch, and a tool
          * that is over in a few ms never pays for a walk. */
-        if (!killing && req->limits.memory > 0 && monotonic_ms() >= next_watch) {
-            next_watch = monotonic_ms() + 50;
+        if (!killing && req->limits.memory > 0 && now_ms() >= next_watch) {
+            next_watch = now_ms() + 50;
             if (tree_rss_kb(pid1) * 1024 > req->limits.memory) {
                 rep.killed_for = SHIM_KILLED_MEMORY;
                 killing = true;
@@ -438,8 +430,7 @@ void spawn_pipes_close(struct spawn_pipes *p)
     errno = e;
 }
 
-void spawn_pipes_finish(struct spawn_pipes *p, pid_t pid, int pidfd, bool not_our_child,
-                        struct spawn_child *out)
+void spawn_pipes_finish(struct spawn_pipes *p, pid_t pid, int pidfd, struct spawn_child *out)
 {
     /* The child's ends stay only with the child, so EOF means its tree is done. */
     close_quietly(&p->in[0]);
@@ -453,8 +444,7 @@ void spawn_pipes_finish(struct spawn_pipes *p, pid_t pid, int pidfd, bool not_ou
     fd_set_nonblock(p->out[0]);
     fd_set_nonblock(p->err[0]);
     fd_set_nonblock(p->status[0]);
-    *out = (struct spawn_child){pid, pidfd, p->in[1], p->out[0], p->err[0], p->status[0],
-                                not_our_child};
+    *out = (struct spawn_child){pid, pidfd, p->in[1], p->out[0], p->err[0], p->status[0]};
     p->in[1] = p->out[0] = p->err[0] = p->status[0] = -1;
 }
 
@@ -485,6 +475,6 @@ int spawn_start(const struct spawn_req *req, struct spawn_child *out)
         errno = e;
         return -1;
     }
-    spawn_pipes_finish(&p, pid, pidfd, false, out);
+    spawn_pipes_finish(&p, pid, pidfd, out);
     return 0;
 }

@@ -44,7 +44,6 @@ struct spawn_child {
     int stdin_fd;               /* write end, or -1 */
     int stdout_fd, stderr_fd;   /* read ends, non-blocking */
     int status_fd;              /* read end of the shim's report */
-    bool not_our_child;         /* a zygote's: its exit is seen on the pidfd, not reaped */
 };
 
 enum shim_outcome {
@@ -76,8 +75,7 @@ struct spawn_pipes {
 int spawn_pipes_open(struct spawn_pipes *p, bool with_stdin);
 void spawn_pipes_close(struct spawn_pipes *p);
 /* The child has them: close its ends here, make ours non-blocking, fill *out. */
-void spawn_pipes_finish(struct spawn_pipes *p, pid_t pid, int pidfd, bool not_our_child,
-                        struct spawn_child *out);
+void spawn_pipes_finish(struct spawn_pipes *p, pid_t pid, int pidfd, struct spawn_child *out);
 
 /* Start the shim and the tool. 0, or -1 with errno (nothing left open or running). */
 int spawn_start(const struct spawn_req *req, struct spawn_child *out);
