@@ -1168,7 +1168,11 @@ def _settled(client, pid, base, timeout=15.0):
 
 def _baseline(client, pid):
     """What the server holds between calls, less what it keeps ready on purpose (the
-    spawner's spares: stats.standby, stats.standby_fds), which may still be on its way."""
+    spawner's spares: stats.standby, stats.standby_fds), which may still be on its way.
+    Taken once the last call's shim has exited too: a call is answered when the shim's
+    report arrives, and the shim may still be on its way out."""
+    wait_until(lambda: (lambda st: st["running"] == 0 and st["processes"] == st["standby"])(
+        client.stats()), 10, "no process but the ones kept ready")
     st = client.stats()
     live, _ = children(pid)
     return {"fds": st["fds"] - st["standby_fds"], "processes": st["processes"] - st["standby"],
