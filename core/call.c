@@ -559,14 +559,6 @@ static char **build_env(const struct call *c, int64_t depth)
     return env;
 }
 
-static void free_strv(char **v)
-{
-    if (!v)
-        return;
-    for (char **p = v; *p; p++)
-        free(*p);
-    free(v);
-}
 
 bool call_decide(struct policy *policy, const char *session_id, const char *session_root,
                  struct call_request *req, struct call_decision *d)
@@ -740,7 +732,7 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
         rc = spawn_start(&sr, &c->child);       /* no spare ready: fork one here */
     int spawn_errno = errno;
     free(argv);
-    free_strv(envp);
+    strv_free(envp);
     free(cwd);
     if (rc < 0)
         return refuse(c, spawn_errno == EAGAIN ? CLASS_RESOURCE_LIMIT : CLASS_INTERNAL,

@@ -2,7 +2,6 @@
  * of timeout(1). A thin client of the call machinery that `serve` uses. */
 #include "cli.h"
 #include "call.h"
-#include "json.h"
 #include "policy.h"
 #include "proc.h"
 #include "root.h"
@@ -61,17 +60,38 @@ static char *read_all_stdin(size_t *len, int64_t limit)
     return b.data;
 }
 
-static void write_all(int fd, const char *p, size_t n)
+/* The result as one JSON object (`stockade run --json`). */
+static void json_call_result(struct buf *b, const struct call_result *r, const char *session_id)
 {
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return;
-        p += w;
-        n -= (size_t)w;
+    buf_append_lit(b, "{\"class\":");
+    json_cstr(b, call_class_name(r->class));
+    buf_printf(b, ",\"retryable\":%s,\"message\":", r->retryable ? "true" : "false");
+    json_cstr(b, r->message);
+    buf_append_lit(b, ",\"layer\":");
+    json_cstr(b, r->layer);
+    if (r->has_exit_code)
+        buf_printf(b, ",\"exit_code\":%d", r->exit_code);
+    else
+        buf_printf(b, ",\"exit_code\":null");
+    if (r->signal)
+        buf_printf(b, ",\"signal\":%d", r->signal);
+    else
+        buf_printf(b, ",\"signal\":null");
+    buf_append_lit(b, ",\"stdout\":");
+    json_string(b, r->out.data ? r->out.data : "", r->out.len);
+    buf_append_lit(b, ",\"stderr\":");
+    json_string(b, r->err.data ? r->err.data : "", r->err.len);
+    buf_printf(b,
+               ",\"truncated\":{\"stdout\":%lld,\"stderr\":%lld},\"redactions\":%lld,"
+               "\"duration_ms\":%lld,\"cpu_ms\":%lld,\"max_rss_kb\":%lld",
+               (long long)r->truncated_out, (long long)r->truncated_err,
+               (long long)r->redactions, (long long)r->duration_ms, (long long)r->cpu_ms,
+               (long long)r->max_rss_kb);
+    if (session_id) {
+        buf_append_lit(b, ",\"session_id\":");
+        json_cstr(b, session_id);
     }
+    buf_append_lit(b, "}");
 }
 
 int cli_run(int argc, char **argv)
@@ -180,11 +200,11 @@ int cli_run(int argc, char **argv)
         struct buf b = {0};
         json_call_result(&b, r, session->id);
         buf_append(&b, "\n", 1);
-        write_all(1, b.data, b.len);
+        (void)write_all(1, b.data, b.len);
         buf_free(&b);
     } else {
-        write_all(1, r->out.data ? r->out.data : "", r->out.len);
-        write_all(2, r->err.data ? r->err.data : "", r->err.len);
+        (void)write_all(1, r->out.data ? r->out.data : "", r->out.len);
+        (void)write_all(2, r->err.data ? r->err.data : "", r->err.len);
         if (r->class != CLASS_OK && r->class != CLASS_TOOL_ERROR)
             fprintf(stderr, "stockade: %s: %s\n", call_class_name(r->class), r->message);
         if (r->truncated_out || r->truncated_err)

@@ -473,12 +473,6 @@ static char **read_strv(lua_State *L, int idx)
     return v;
 }
 
-static void free_strv(char **v)
-{
-    for (char **p = v; p && *p; p++)
-        free(*p);
-    free(v);
-}
 
 static void read_settings(struct policy *p, int t)
 {
@@ -844,10 +838,10 @@ void policy_unref(struct policy *p)
         free(p->tools[i].path);
         free(p->tools[i].owner);
         free(p->tools[i].where);
-        free_strv(p->tools[i].redact_prefixes);
-        free_strv(p->tools[i].redact_iprefixes);
+        strv_free(p->tools[i].redact_prefixes);
+        strv_free(p->tools[i].redact_iprefixes);
         free(p->tools[i].redact_index);
-        free_strv(p->tools[i].env_allow);
+        strv_free(p->tools[i].env_allow);
     }
     free(p->tools);
     for (size_t i = 0; i < p->nplugin_dirs; i++)
@@ -862,8 +856,8 @@ void policy_unref(struct policy *p)
     }
     free(p->mounts);
     free(p->env_path);
-    free_strv(p->env_allow);
-    free_strv(p->env_deny);
+    strv_free(p->env_allow);
+    strv_free(p->env_deny);
     free(p);
 }
 

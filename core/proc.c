@@ -25,10 +25,7 @@ static size_t nkept, kept_cap;
 
 void proc_keep(pid_t pid)
 {
-    if (nkept == kept_cap) {
-        kept_cap = kept_cap ? 2 * kept_cap : 16;
-        kept = xrealloc(kept, kept_cap * sizeof *kept);
-    }
+    kept = xgrow(kept, &kept_cap, nkept, sizeof *kept, 16);
     kept[nkept++] = pid;
 }
 
@@ -199,10 +196,7 @@ struct pidset {
 
 static void pidset_add(struct pidset *s, pid_t pid)
 {
-    if (s->n == s->cap) {
-        s->cap = s->cap ? s->cap * 2 : 64;
-        s->v = xrealloc(s->v, s->cap * sizeof *s->v);
-    }
+    s->v = xgrow(s->v, &s->cap, s->n, sizeof *s->v, 64);
     s->v[s->n++] = pid;
 }
 

@@ -206,10 +206,7 @@ int root_remove_tree_at(int dirfd, const char *name)
     int errors = 0;
     dev_t root_dev = top.st_dev;
 
-    if (cap == 0) {
-        cap = 16;
-        stack = xmalloc(cap * sizeof *stack);
-    }
+    stack = xgrow(stack, &cap, depth, sizeof *stack, 16);
     stack[depth++] = (struct remove_frame){xstrdup(name), base.st_dev, base.st_ino};
 
     while (depth > 0) {
@@ -225,20 +222,14 @@ int root_remove_tree_at(int dirfd, const char *name)
                     struct stat st;
                     errors++;
                     if (fstatat(cur, sub, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-                        if (nfailed == failcap) {
-                            failcap = failcap ? failcap * 2 : 8;
-                            failed = xrealloc(failed, failcap * sizeof *failed);
-                        }
+                        failed = xgrow(failed, &failcap, nfailed, sizeof *failed, 8);
                         failed[nfailed++] = (struct dir_id){st.st_dev, st.st_ino};
                     }
                 }
                 free(sub);
                 continue;
             }
-            if (depth == cap) {
-                cap *= 2;
-                stack = xrealloc(stack, cap * sizeof *stack);
-            }
+            stack = xgrow(stack, &cap, depth, sizeof *stack, 16);
             stack[depth++] = (struct remove_frame){sub, here.st_dev, here.st_ino};
             close(cur);
             cur = child;
@@ -270,10 +261,7 @@ int root_remove_tree_at(int dirfd, const char *name)
         }
         if (unlinkat(parent, f.name, AT_REMOVEDIR) < 0 && errno != ENOENT) {
             errors++;
-            if (nfailed == failcap) {
-                failcap = failcap ? failcap * 2 : 8;
-                failed = xrealloc(failed, failcap * sizeof *failed);
-            }
+            failed = xgrow(failed, &failcap, nfailed, sizeof *failed, 8);
             failed[nfailed++] = (struct dir_id){self.st_dev, self.st_ino};
         }
         free(f.name);

@@ -1,7 +1,6 @@
 #include "server.h"
 #include "accounting.h"
 #include "call.h"
-#include "json.h"
 #include "policy.h"
 #include "proc.h"
 #include "root.h"

@@ -8,8 +8,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "json.h"
-
 enum log_level log_threshold = LOG_WARN;
 bool log_json;
 int log_fd = 2;
@@ -21,15 +19,27 @@ static char last_line[1024];
 static int64_t last_at;
 static unsigned last_repeats;
 
-static void write_line(const char *p, size_t n)
+int write_all(int fd, const void *data, size_t n)
 {
+    const char *p = data;
     while (n > 0) {
-        ssize_t w = write(log_fd, p, n);
-        if (w <= 0)
-            return;
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            if (w == 0)
+                errno = EIO;
+            return -1;
+        }
         p += w;
         n -= (size_t)w;
     }
+    return 0;
+}
+
+static void write_line(const char *p, size_t n)
+{
+    write_all(log_fd, p, n);
 }
 
 void log_json_line(const char *level, const char *json_fields)
@@ -280,4 +290,87 @@ void close_quietly(int *fd)
         errno = saved;
         *fd = -1;
     }
+}
+
+/* ---- JSON strings -------------------------------------------------------------- */
+
+/* Length of the valid UTF-8 sequence at s (1..4), or 0 when it is not one. */
+static size_t utf8_seq(const unsigned char *s, size_t avail)
+{
+    unsigned char c = s[0];
+    size_t n;
+    unsigned min;
+    unsigned cp;
+    if (c < 0x80)
+        return 1;
+    if ((c & 0xe0) == 0xc0) { n = 2; cp = c & 0x1f; min = 0x80; }
+    else if ((c & 0xf0) == 0xe0) { n = 3; cp = c & 0x0f; min = 0x800; }
+    else if ((c & 0xf8) == 0xf0) { n = 4; cp = c & 0x07; min = 0x10000; }
+    else return 0;
+    if (avail < n)
+        return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[i] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return n;
+}
+
+void json_string(struct buf *b, const char *str, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    buf_append_lit(b, "\"");
+    size_t i = 0;
+    while (i < len) {
+        unsigned char c = s[i];
+        if (c == '"' || c == '\\') {
+            char esc[2] = {'\\', (char)c};
+            buf_append(b, esc, 2);
+            i++;
+        } else if (c < 0x20) {
+            switch (c) {
+            case '\n': buf_append_lit(b, "\\n"); break;
+            case '\r': buf_append_lit(b, "\\r"); break;
+            case '\t': buf_append_lit(b, "\\t"); break;
+            default: buf_printf(b, "\\u%04x", c);
+            }
+            i++;
+        } else {
+            size_t n = utf8_seq(s + i, len - i);
+            if (n == 0) {
+                buf_append_lit(b, "\xef\xbf\xbd");   /* U+FFFD */
+                i++;
+            } else {
+                buf_append(b, s + i, n);
+                i += n;
+            }
+        }
+    }
+    buf_append_lit(b, "\"");
+}
+
+void json_cstr(struct buf *b, const char *s)
+{
+    if (!s)
+        buf_append_lit(b, "null");
+    else
+        json_string(b, s, strlen(s));
+}
+
+void strv_free(char **v)
+{
+    for (char **p = v; p && *p; p++)
+        free(*p);
+    free(v);
+}
+
+void *xgrow(void *v, size_t *cap, size_t n, size_t size, size_t first)
+{
+    if (n < *cap)
+        return v;
+    *cap = *cap ? *cap * 2 : first;
+    return xrealloc(v, *cap * size);
 }

@@ -1,7 +1,8 @@
 #ifndef STOCKADE_UTIL_H
 #define STOCKADE_UTIL_H
 /* Small shared vocabulary: dying at start-up, logging, allocation that never returns NULL,
- * growable byte buffers, monotonic time, and the strict duration/size parsers. */
+ * growable byte buffers and arrays, JSON strings, monotonic time, and the strict
+ * duration/size parsers. The base layer: it includes no other header of the core. */
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -31,6 +32,11 @@ void *xcalloc(size_t n, size_t size);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
 char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Room for element n of an array of *cap elements of `size` bytes: doubles *cap when
+ * full (to `first` when empty); returns the array, moved or not. */
+void *xgrow(void *v, size_t *cap, size_t n, size_t size, size_t first);
+/* Free a NULL-terminated array of strings and the array; NULL is fine. */
+void strv_free(char **v);
 
 /* A growable byte buffer; `data` is always NUL-terminated for convenience. */
 struct buf {
@@ -40,6 +46,10 @@ struct buf {
 void buf_append(struct buf *b, const void *p, size_t n);
 void buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void buf_free(struct buf *b);
+/* A JSON string; bytes that are not valid UTF-8 (tools emit anything) are written as
+ * U+FFFD, so the document is always valid JSON. */
+void json_string(struct buf *b, const char *s, size_t len);
+void json_cstr(struct buf *b, const char *s);      /* NULL -> null */
 /* Append a string literal (its length computed by the compiler, not by hand). */
 #define buf_append_lit(b, lit) buf_append((b), "" lit, sizeof(lit) - 1)
 
@@ -52,6 +62,8 @@ int parse_duration_ms(const char *s, int64_t *out);
 /* "512", "64KiB", "1MiB", "1GiB" (also KB/MB/GB as powers of 1000) -> bytes. */
 int parse_size(const char *s, int64_t *out);
 
+/* Write all of it, through EINTR and short writes. 0, or -1 with errno. */
+int write_all(int fd, const void *data, size_t n);
 int fd_set_nonblock(int fd);
 int fd_set_cloexec(int fd);
 void close_quietly(int *fd);    /* close and set to -1; no-op on -1 */

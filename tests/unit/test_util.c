@@ -1,5 +1,4 @@
 #include "check.h"
-#include "json.h"
 #include "util.h"
 
 #include <stdlib.h>
