@@ -22,7 +22,7 @@ LUA_SRC  := $(wildcard lua/*.lua)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/%)
 
-.PHONY: all deps check check-unit check-lua check-integration demo fuzz clean bench bench-quick
+.PHONY: all deps check check-graph check-unit check-lua check-integration demo fuzz clean bench bench-quick
 all: stockade
 
 # ./stockade is a copy of the variant just built, so `make SAN=1 check` tests the sanitized one.
@@ -57,7 +57,11 @@ deps:
 
 check: deps
 	@$(MAKE) --no-print-directory all $(UNIT_BIN)
-	@$(MAKE) --no-print-directory check-unit check-lua check-integration
+	@$(MAKE) --no-print-directory check-graph check-unit check-lua check-integration
+
+# The core's modules form no cycle (contrib/include-graph.sh --print shows the graph).
+check-graph:
+	@sh contrib/include-graph.sh core
 
 check-unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done

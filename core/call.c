@@ -1,6 +1,7 @@
 #include "call.h"
 #include "policy.h"
 #include "sandbox.h"
+#include "zygote.h"
 #include "session.h"
 
 #include <errno.h>

@@ -1,14 +1,12 @@
 #ifndef STOCKADE_SANDBOX_H
 #define STOCKADE_SANDBOX_H
 /* Everything Linux-specific about walls: what the host can give (probe, for `doctor` and
- * `hello`), the Landlock and seccomp layers a tool gets before exec, and the warm
- * per-session zygote that builds a session's namespaces and mount tree once so that a
- * call is a fork inside it. A macOS backend would implement the same interface. */
+ * `hello`) and the Landlock and seccomp layers a tool gets before exec. A macOS backend
+ * would implement the same interface. (The namespaces and mount tree of a session are
+ * built by its zygote: zygote.h.) */
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
-
-#include "spawn.h"
 
 enum sandbox_layer {
     LAYER_USERNS, LAYER_MOUNTNS, LAYER_PIDNS, LAYER_NETNS, LAYER_IPCNS, LAYER_UTSNS,
@@ -53,59 +51,11 @@ int sandbox_seccomp_attach_base(void);
 /* Compile the filters once, up front (the supervisor calls this at start). */
 int sandbox_seccomp_prepare(void);
 
-/* ---- the warm zygote ---------------------------------------------------------------- */
-
+/* A host path the policy mounts into its sessions' worlds. */
 struct sandbox_mount {
     const char *src;        /* host path */
     const char *dest;       /* relative to the session root */
     bool ro;
 };
-
-struct zygote_config {
-    bool plain;             /* no namespaces, no world: only the spares (process isolation) */
-    const char *state_dir;
-    const char *session_root;
-    const struct sandbox_mount *mounts;
-    size_t nmounts;
-    bool loopback_up;       /* network "loopback": lo is up; "none": lo down too */
-};
-
-/* A shim made ahead of time, waiting for its call on `sock`. */
-struct zyg_spare {
-    pid_t pid;
-    int pidfd;
-    int sock;
-};
-
-#define ZYG_POOL 4
-
-struct zygote {
-    pid_t pid;
-    int pidfd;
-    int sock;               /* SOCK_SEQPACKET to the zygote */
-    bool broken;
-    bool plain;             /* the server's spawner: never waited for (EWOULDBLOCK) */
-    struct zyg_spare pool[ZYG_POOL];    /* delivered, ready */
-    int npool;
-    int asked;              /* spares we asked for, not yet taken off the socket */
-    int coming;             /* spares the shims of ones handed out will ask for */
-    int want;               /* how many to keep ahead: ready + asked + coming */
-};
-
-/* Start a session's zygote: its namespaces and mount tree are ready when this returns.
- * NULL and *err on failure. */
-struct zygote *zygote_start(const struct zygote_config *cfg, char **err);
-/* Start a call inside it: like spawn_start, but the shim is a spare the zygote made
- * ahead of time (in a session's world, pid 1 of a fresh pid namespace); the request and
- * the call's pipes go to it directly, and the zygote is asked for the next one. */
-int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_child *out);
-/* A spare handed out ended without a report: its ask for a successor may never come. */
-void zygote_spare_lost(struct zygote *z);
-/* Processes it keeps ready: itself and its spares (delivered or on their way); 0 for
- * NULL. Adds the descriptors the supervisor holds for them to *fds (if fds). wait_ms:
- * how long to wait for spares on their way (0: take what has arrived; < 0: count only). */
-unsigned zygote_standby(struct zygote *z, int wait_ms, unsigned *fds);
-/* Kill it (its calls die with it) and release everything. */
-void zygote_stop(struct zygote *z);
 
 #endif

@@ -6,6 +6,7 @@
 #include "root.h"
 #include "rpc.h"
 #include "sandbox.h"
+#include "zygote.h"
 
 #include <dirent.h>
 #include <fcntl.h>

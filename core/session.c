@@ -1,6 +1,6 @@
 #include "session.h"
 #include "root.h"
-#include "sandbox.h"
+#include "zygote.h"
 #include "util.h"
 
 #include <errno.h>

@@ -1,7 +1,7 @@
 #ifndef STOCKADE_SPAWN_H
 #define STOCKADE_SPAWN_H
 /* Process creation for one call: a per-call shim (forked by the supervisor here, or made
- * ahead of time by a zygote: sandbox.h) starts and execs the tool. The shim is the call's
+ * ahead of time by a zygote: zygote.h) starts and execs the tool. The shim is the call's
  * child subreaper: when the tool exits, when the
  * supervisor asks (SIGTERM: forward to the tree; SIGUSR1: kill the tree) or when the
  * supervisor dies (PR_SET_PDEATHSIG), it kills every descendant, reaps them, reports on

@@ -2,6 +2,7 @@
  * -Wl,--wrap=spawn_start,--wrap=zygote_start, so the call machinery's spawn_start and the
  * server's spawner (and any session's zygote) land here. */
 #include "sandbox.h"
+#include "zygote.h"
 #include "spawn.h"
 #include "util.h"
 

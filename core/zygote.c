@@ -1,0 +1,838 @@
+/* The warm per-session zygote: a process that builds a session's namespaces and mount
+ * tree once (the "world"), then makes the calls' shims ahead of time (spares), so that a
+ * call costs a message rather than a fork and a mount tree. Also the server's spawner: the
+ * same without namespaces, for process isolation. */
+#include "zygote.h"
+#include "proc.h"
+#include "sandbox.h"
+#include "spawn.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/mount.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/pidfd.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define ZYG_FD 3
+#define ZYG_MAX_MSG (512 * 1024)
+#define ZYG_MAGIC 0x5a594730u
+#define ZYG_SPARE 0x5a595350u      /* "make me a spare" */
+#define ZYG_ASK_R 4                /* the zygote's end of the shims' ask pipe */
+#define ZYG_ASK_W 5
+
+/* A spawn_req flattened for the socket: fixed fields, then NUL-separated strings:
+ * path, cwd, session_root, argv..., envp..., rw_paths... */
+struct zyg_msg {
+    uint32_t magic;
+    uint32_t argc, envc, rwc;
+    uint32_t drop_user, with_stdin, landlock, seccomp, net_closed;
+    uint32_t uid, gid;
+    struct spawn_limits limits;
+    uint32_t len;           /* bytes of strings that follow */
+};
+
+static void put_str(struct buf *b, const char *s)
+{
+    buf_append(b, s ? s : "", strlen(s ? s : "") + 1);
+}
+
+static char *next_str(char **p, char *end)
+{
+    char *s = *p;
+    char *nul = s < end ? memchr(s, 0, (size_t)(end - s)) : NULL;
+    if (!nul)
+        return NULL;
+    *p = nul + 1;
+    return s;
+}
+
+static size_t strv_len(char *const *v)
+{
+    size_t n = 0;
+    while (v && v[n])
+        n++;
+    return n;
+}
+
+/* fds travel with the message (SCM_RIGHTS); -1 entries are left out */
+static ssize_t send_with_fds(int sock, const void *data, size_t len, const int *fds, int nfds)
+{
+    char cbuf[CMSG_SPACE(sizeof(int) * 8)];
+    memset(cbuf, 0, sizeof cbuf);
+    struct iovec iov = {(void *)data, len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds > 0) {
+        mh.msg_control = cbuf;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfds);
+    }
+    ssize_t n;
+    do
+        n = sendmsg(sock, &mh, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n;
+}
+
+static ssize_t recv_with_fds_flags(int sock, void *data, size_t len, int *fds, int maxfds,
+                                   int *nfds, int flags)
+{
+    char cbuf[CMSG_SPACE(sizeof(int) * 8)];
+    struct iovec iov = {data, len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                        .msg_controllen = sizeof cbuf};
+    ssize_t n;
+    do
+        n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | flags);
+    while (n < 0 && errno == EINTR);
+    *nfds = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); n >= 0 && cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < k; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+            if (*nfds < maxfds)
+                fds[(*nfds)++] = fd;
+            else
+                close(fd);
+        }
+    }
+    if (n >= 0 && (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        errno = EMSGSIZE;
+        return -1;
+    }
+    return n;
+}
+
+static ssize_t recv_with_fds(int sock, void *data, size_t len, int *fds, int maxfds, int *nfds)
+{
+    return recv_with_fds_flags(sock, data, len, fds, maxfds, nfds, 0);
+}
+
+/* -- inside the zygote: building the session's world -- */
+
+static void zdie(const char *what)
+{
+    /* the supervisor reads this line from the zygote's first message */
+    char msg[256];
+    snprintf(msg, sizeof msg, "E%s: %s", what, strerror(errno));
+    send_with_fds(ZYG_FD, msg, strlen(msg), NULL, 0);
+    _exit(1);
+}
+
+static int write_file(const char *path, const char *text)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = write(fd, text, strlen(text));
+    close(fd);
+    return n == (ssize_t)strlen(text) ? 0 : -1;
+}
+
+static int clone_tree(const char *path, bool recursive)
+{
+    return (int)syscall(SYS_open_tree, AT_FDCWD, path,
+                        OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (recursive ? AT_RECURSIVE : 0));
+}
+
+static int set_attr(int fd, unsigned long long attr, bool recursive)
+{
+    struct mount_attr a = {.attr_set = attr};
+    return (int)syscall(SYS_mount_setattr, fd, "",
+                        AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &a, sizeof a);
+}
+
+static int attach(int fd, const char *where)
+{
+    return (int)syscall(SYS_move_mount, fd, "", AT_FDCWD, where, MOVE_MOUNT_F_EMPTY_PATH);
+}
+
+/* mkdir -p, inside the new root's tmpfs scaffolds */
+static void mkdirs(const char *path, mode_t mode)
+{
+    char *p = xstrdup(path);
+    for (char *s = p + 1; *s; s++) {
+        if (*s == '/') {
+            *s = 0;
+            mkdir(p, mode);
+            *s = '/';
+        }
+    }
+    mkdir(p, mode);
+    free(p);
+}
+
+static void touch(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0)
+        close(fd);
+}
+
+#define NEWROOT "/tmp/.stockade-root"
+
+/* Of the host, a tool sees the programs and libraries it runs and /etc, nothing else (no
+ * /srv, /opt, /home, /var, no checkout of anyone's). */
+static const char *const system_dirs[] = {"/usr", "/bin", "/sbin", "/lib", "/lib32",
+                                          "/lib64", "/libx32", "/etc", "/sys", "/proc"};
+static const char *const world_devs[] = {"null", "zero", "full", "random", "urandom", "tty"};
+
+/* What the world is built from: detached copies of host trees (open_tree fds), taken
+ * before anything is mounted over the host's. -1: not there. */
+struct world_parts {
+    int sys[ARRAY_LEN(system_dirs)];
+    char syslink[ARRAY_LEN(system_dirs)][256];     /* merged /usr: /bin -> usr/bin */
+    int session, session_tmp;
+    int dev[ARRAY_LEN(world_devs)];
+    int *mounts;                                    /* cfg->nmounts of them */
+};
+
+static void world_map_ids(uid_t outer_uid, gid_t outer_gid)
+{
+    /* We outside are an ordinary uid inside, not root: the zygote keeps the capabilities
+     * it got with the namespace (enough to build the mount tree), and a tool exec'd as a
+     * non-zero uid gets none. setgroups is denied before gid_map. */
+    char map[64];
+    write_file("/proc/self/setgroups", "deny");
+    snprintf(map, sizeof map, "1000 %u 1\n", (unsigned)outer_uid);
+    if (write_file("/proc/self/uid_map", map) < 0)
+        zdie("uid_map");
+    snprintf(map, sizeof map, "1000 %u 1\n", (unsigned)outer_gid);
+    if (write_file("/proc/self/gid_map", map) < 0)
+        zdie("gid_map");
+}
+
+/* Everything we need from the host tree: the system directories (read-only), the session
+ * root, the devices, the policy's mounts. */
+static void world_take(const struct zygote_config *cfg, struct world_parts *w)
+{
+    for (size_t i = 0; i < ARRAY_LEN(system_dirs); i++) {
+        w->sys[i] = -1;
+        w->syslink[i][0] = 0;
+        struct stat st;
+        if (lstat(system_dirs[i], &st) < 0)
+            continue;
+        if (S_ISLNK(st.st_mode)) {
+            ssize_t n = readlink(system_dirs[i], w->syslink[i], sizeof w->syslink[i] - 1);
+            w->syslink[i][n > 0 ? n : 0] = 0;
+            continue;
+        }
+        w->sys[i] = clone_tree(system_dirs[i], true);
+        /* /proc keeps its own attributes: a user namespace may mount a new proc only
+         * where a fully visible one exists; each call mounts its own over it anyway */
+        if (w->sys[i] < 0 || (strcmp(system_dirs[i], "/proc") != 0 &&
+                              set_attr(w->sys[i], MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID |
+                                       MOUNT_ATTR_NODEV, true) < 0))
+            zdie(system_dirs[i]);
+    }
+    w->session = clone_tree(cfg->session_root, false);
+    if (w->session < 0)
+        zdie("clone the session root");
+    if (set_attr(w->session, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false) < 0)
+        zdie("session root attributes");
+    char tmp_path[4096];
+    snprintf(tmp_path, sizeof tmp_path, "%s/tmp", cfg->session_root);
+    w->session_tmp = clone_tree(tmp_path, false);
+    if (w->session_tmp < 0)
+        zdie("clone the session tmp");
+    for (size_t i = 0; i < ARRAY_LEN(world_devs); i++) {
+        char p[32];
+        snprintf(p, sizeof p, "/dev/%s", world_devs[i]);
+        w->dev[i] = clone_tree(p, false);
+    }
+    w->mounts = xcalloc(cfg->nmounts + 1, sizeof *w->mounts);
+    for (size_t i = 0; i < cfg->nmounts; i++) {
+        w->mounts[i] = clone_tree(cfg->mounts[i].src, true);
+        if (w->mounts[i] < 0)
+            zdie(cfg->mounts[i].src);
+        if (cfg->mounts[i].ro && set_attr(w->mounts[i], MOUNT_ATTR_RDONLY, true) < 0)
+            zdie("read-only mount");
+    }
+}
+
+/* The new root: an empty tmpfs (in a scaffold tmpfs over /tmp, this mount namespace
+ * only) with the parts attached where a tool expects them. */
+static void world_assemble(const struct zygote_config *cfg, struct world_parts *w)
+{
+    if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") < 0)
+        zdie("scaffold tmpfs");
+    mkdir(NEWROOT, 0755);
+    if (mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m") < 0)
+        zdie("root tmpfs");
+    char path[4096];
+    for (size_t i = 0; i < ARRAY_LEN(system_dirs); i++) {
+        snprintf(path, sizeof path, NEWROOT "%s", system_dirs[i]);
+        if (w->syslink[i][0] && symlink(w->syslink[i], path) < 0)
+            zdie(system_dirs[i]);
+        if (w->sys[i] >= 0) {
+            mkdir(path, 0755);
+            if (attach(w->sys[i], path) < 0)
+                zdie(system_dirs[i]);
+        }
+    }
+    /* empty: the host's personal and runtime dirs do not exist here */
+    static const char *const empties[] = {"/home", "/root", "/run", "/var", "/var/tmp",
+                                          "/tmp", "/dev", "/mnt"};
+    for (size_t i = 0; i < ARRAY_LEN(empties); i++) {
+        snprintf(path, sizeof path, NEWROOT "%s", empties[i]);
+        mkdir(path, 0755);
+    }
+    /* /tmp and /var/tmp are the session's tmp. Where the state dir lies beneath one of
+     * them (tests, odd set-ups), that one stays an empty read-only dir holding just the
+     * path to the state dir. */
+    static const char *const tmps[] = {"/tmp", "/var/tmp"};
+    for (size_t i = 0; i < ARRAY_LEN(tmps); i++) {
+        size_t tl = strlen(tmps[i]);
+        if (strncmp(cfg->state_dir, tmps[i], tl) == 0 &&
+            (cfg->state_dir[tl] == '/' || cfg->state_dir[tl] == 0))
+            continue;
+        snprintf(path, sizeof path, NEWROOT "%s", tmps[i]);
+        /* a copy of the detached clone, so each place gets its own mount */
+        int t = (int)syscall(SYS_open_tree, w->session_tmp, "",
+                             OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+        if (t < 0 || attach(t, path) < 0)
+            zdie(tmps[i]);
+        close(t);
+    }
+    /* The session's own root, at the same path as outside (AGENT_ROOT means the same
+     * thing on both sides); no other session exists here. */
+    snprintf(path, sizeof path, NEWROOT "%s", cfg->session_root);
+    mkdirs(path, 0711);     /* traversable by the tool's uid, not listable */
+    if (attach(w->session, path) < 0)
+        zdie("attach the session root");
+    /* A minimal /dev. */
+    if (mount("tmpfs", NEWROOT "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k") < 0)
+        zdie("/dev");
+    for (size_t i = 0; i < ARRAY_LEN(world_devs); i++) {
+        snprintf(path, sizeof path, NEWROOT "/dev/%s", world_devs[i]);
+        touch(path);
+        if (w->dev[i] >= 0 && attach(w->dev[i], path) < 0)
+            zdie(path);
+    }
+    mkdir(NEWROOT "/dev/shm", 01777);
+    mount("tmpfs", NEWROOT "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+          "mode=1777,size=64m");
+    static const char *const links[][2] = {
+        {"/proc/self/fd", NEWROOT "/dev/fd"}, {"/proc/self/fd/0", NEWROOT "/dev/stdin"},
+        {"/proc/self/fd/1", NEWROOT "/dev/stdout"}, {"/proc/self/fd/2", NEWROOT "/dev/stderr"},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(links); i++)
+        if (symlink(links[i][0], links[i][1]) < 0)
+            zdie(links[i][1]);
+    /* The policy's mounts, inside the session root. */
+    for (size_t i = 0; i < cfg->nmounts; i++) {
+        snprintf(path, sizeof path, NEWROOT "%s/%s", cfg->session_root, cfg->mounts[i].dest);
+        mkdirs(path, 0755);
+        if (attach(w->mounts[i], path) < 0)
+            zdie(cfg->mounts[i].dest);
+    }
+    free(w->mounts);
+    w->mounts = NULL;
+}
+
+static void world_seal_and_pivot(void)
+{
+    /* Nothing more is created in the root: read-only from here on. */
+    if (mount(NULL, NEWROOT, NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755") < 0)
+        zdie("read-only root");
+    /* Swap roots; the old one is detached, unreachable. */
+    if (chdir(NEWROOT) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 ||
+        umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)
+        zdie("pivot_root");
+}
+
+/* Network: a namespace of our own; lo up for "loopback", down for "none". */
+static void world_network(const struct zygote_config *cfg)
+{
+    if (cfg->loopback_up) {
+        int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        struct ifreq ifr;
+        memset(&ifr, 0, sizeof ifr);
+        strcpy(ifr.ifr_name, "lo");
+        if (s >= 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0) {
+            ifr.ifr_flags |= IFF_UP;
+            ioctl(s, SIOCSIFFLAGS, &ifr);
+        }
+        if (s >= 0)
+            close(s);
+    }
+    if (sethostname("stockade", 8) < 0)
+        zdie("sethostname");
+}
+
+/* In the zygote (its own namespaces, as yet the host's mount tree): build the session's
+ * world and enter it. Dies with a message to the supervisor on any failure. */
+static void build_world(const struct zygote_config *cfg, uid_t outer_uid, gid_t outer_gid,
+                        bool userns)
+{
+    if (userns)
+        world_map_ids(outer_uid, outer_gid);
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        zdie("make / private");
+    struct world_parts w;
+    world_take(cfg, &w);
+    world_assemble(cfg, &w);
+    world_seal_and_pivot();
+    world_network(cfg);
+}
+
+/* A request as the zygote got it, checked and pointing into its buffer. */
+struct zyg_request {
+    struct spawn_req req;
+    char **argv, **envp, **rw;
+};
+
+static void zyg_request_free(struct zyg_request *r)
+{
+    free(r->argv);
+    free(r->envp);
+    free(r->rw);
+    *r = (struct zyg_request){0};
+}
+
+static bool zyg_request_parse(char *msg, size_t n, struct zyg_request *r)
+{
+    *r = (struct zyg_request){0};
+    struct zyg_msg h;
+    if (n < sizeof h)
+        return false;
+    memcpy(&h, msg, sizeof h);
+    char *p = msg + sizeof h, *end = msg + n;
+    char *path = next_str(&p, end), *cwd = next_str(&p, end), *root = next_str(&p, end);
+    bool ok = h.magic == ZYG_MAGIC && path && cwd && root && h.argc < 100000 &&
+              h.envc < 100000 && h.rwc < 1000;
+    if (!ok)
+        return false;
+    r->argv = xcalloc(h.argc + 1, sizeof *r->argv);
+    r->envp = xcalloc(h.envc + 1, sizeof *r->envp);
+    r->rw = xcalloc(h.rwc + 1, sizeof *r->rw);
+    for (uint32_t i = 0; ok && i < h.argc; i++)
+        ok = (r->argv[i] = next_str(&p, end)) != NULL;
+    for (uint32_t i = 0; ok && i < h.envc; i++)
+        ok = (r->envp[i] = next_str(&p, end)) != NULL;
+    for (uint32_t i = 0; ok && i < h.rwc; i++)
+        ok = (r->rw[i] = next_str(&p, end)) != NULL;
+    if (!ok) {
+        zyg_request_free(r);
+        return false;
+    }
+    r->req = (struct spawn_req){
+        .landlock_fd = -1,
+        .path = path, .argv = r->argv, .envp = r->envp, .cwd = cwd,
+        .drop_user = h.drop_user, .uid = h.uid, .gid = h.gid, .limits = h.limits,
+        .with_stdin = h.with_stdin, .landlock = h.landlock, .seccomp = h.seccomp,
+        .net_closed = h.net_closed, .session_root = root,
+        .rw_paths = (const char *const *)r->rw,
+    };
+    return true;
+}
+
+/* The next call's shim, made ahead of time: a clone of the zygote that waits for its
+ * request. A call then costs the zygote a message, not a fork (forking is what a call
+ * spends most of its time on here); the zygote makes the next spare after answering,
+ * while the call runs. In a session's world the spare is pid 1 of a fresh pid namespace
+ * in a copy of the mount tree, so that its /proc shows its own processes only. */
+static _Noreturn void spare_main(int sock, bool world, pid_t zygote, char *buf)
+{
+    /* the request socket becomes fd 3 (over our copy of the supervisor's socket, which
+     * is not ours to hold), the zygote's ask pipe fd 4; nothing else the zygote had open
+     * stays */
+    /* a spare outlives its zygote by nothing: the supervisor counts on a live zygote's
+     * spares only (its shim re-arms this for the supervisor's death, checked again) */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || (!world && getppid() != zygote))
+        _exit(1);
+    if (dup2(sock, ZYG_FD) < 0 || dup2(ZYG_ASK_W, SHIM_READY_FD) < 0)
+        _exit(1);
+    close_range(SHIM_READY_FD + 1, ~0U, 0);
+    if (world && mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+        _exit(1);
+    spawn_shim_prepare(true);
+    if (sandbox_seccomp_attach_base() < 0)
+        _exit(1);
+    int fds[5], nfds;
+    ssize_t n = recv_with_fds(ZYG_FD, buf, ZYG_MAX_MSG, fds, 5, &nfds);
+    struct zyg_request r;
+    if (n <= 0 || nfds < 4 || !zyg_request_parse(buf, (size_t)n, &r))
+        _exit(0);           /* the supervisor went away, or sent garbage: cannot be */
+    if (nfds == 5)
+        r.req.landlock_fd = fds[4];
+    spawn_shim_enter(&r.req, fds[0], fds[1], fds[2], fds[3], world ? 0 : zygote, true);
+}
+
+static void spare_release(struct zyg_spare *sp)
+{
+    close_quietly(&sp->sock);
+    close_quietly(&sp->pidfd);
+    sp->pid = -1;
+}
+
+static bool spare_make(struct zyg_spare *sp, bool world, char *buf)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+        return false;
+    int size = ZYG_MAX_MSG * 2;
+    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+    setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+    pid_t zygote = getpid();
+    int pidfd = -1;
+    int flags = (world ? CLONE_NEWPID | CLONE_NEWNS : 0) | CLONE_PIDFD | SIGCHLD;
+    pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, &pidfd, NULL, 0);
+    if (pid == 0)
+        spare_main(sv[1], world, zygote, buf);
+    int e = errno;
+    close(sv[1]);
+    if (pid < 0) {
+        close(sv[0]);
+        errno = e;
+        return false;
+    }
+    *sp = (struct zyg_spare){pid, pidfd, sv[0]};
+    return true;
+}
+
+/* Make a spare and hand it to the supervisor: {pid, 0} with its pidfd and request socket,
+ * or {-1, errno}. */
+static void spare_deliver(bool world, char *buf)
+{
+    struct zyg_spare sp;
+    int32_t answer[2] = {-1, 0};
+    if (spare_make(&sp, world, buf))
+        answer[0] = (int32_t)sp.pid;
+    else
+        answer[1] = errno;
+    int fds[2] = {answer[0] > 0 ? sp.pidfd : -1, answer[0] > 0 ? sp.sock : -1};
+    send_with_fds(ZYG_FD, answer, sizeof answer, fds, answer[0] > 0 ? 2 : 0);
+    if (answer[0] > 0)
+        spare_release(&sp);
+}
+
+/* The zygote only makes spares: when the supervisor asks (a ZYG_SPARE word: a session's
+ * first, or to make up for one lost) and when a spare's shim has started its tool (a byte
+ * on the ask pipe: its successor, forked while that call runs rather than during the
+ * next one's start). The supervisor talks to each spare directly, so a call's path has
+ * no hop through here. */
+static void zygote_serve(bool world)
+{
+    char *buf = xmalloc(ZYG_MAX_MSG);
+    for (;;) {
+        struct pollfd pf[2] = {{ZYG_FD, POLLIN, 0}, {ZYG_ASK_R, POLLIN, 0}};
+        if (poll(pf, 2, -1) < 0)
+            continue;
+        if (pf[1].revents & POLLIN) {
+            char asks[8];
+            ssize_t k = read(ZYG_ASK_R, asks, sizeof asks);
+            for (ssize_t i = 0; i < k; i++)
+                spare_deliver(world, buf);
+        }
+        if (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+            uint32_t ask;
+            int nfds, none[1];
+            ssize_t n = recv_with_fds(ZYG_FD, &ask, sizeof ask, none, 0, &nfds);
+            if (n <= 0)
+                _exit(0);           /* the supervisor closed the session */
+            if (n == sizeof ask && ask == ZYG_SPARE)
+                spare_deliver(world, buf);
+        }
+    }
+}
+
+static void spare_drop(struct zyg_spare *sp)
+{
+    if (sp->pidfd >= 0)
+        pidfd_send_signal(sp->pidfd, SIGKILL, NULL, 0);
+    close_quietly(&sp->pidfd);
+    close_quietly(&sp->sock);
+}
+
+static int spare_ask(struct zygote *z)
+{
+    uint32_t ask = ZYG_SPARE;
+    if (send_with_fds(z->sock, &ask, sizeof ask, NULL, 0) != sizeof ask)
+        return -1;
+    z->asked++;
+    return 0;
+}
+
+/* Take the spares the zygote has delivered; with `wait`, block for one. -1 when the
+ * zygote is gone or could not make one (errno). */
+static int spare_collect(struct zygote *z, bool wait)
+{
+    while (z->asked + z->coming > 0) {
+        int32_t answer[2];
+        int fds[2], nfds = 0;
+        ssize_t n = recv_with_fds_flags(z->sock, answer, sizeof answer, fds, 2, &nfds,
+                                        wait ? 0 : MSG_DONTWAIT);
+        if (n < 0 && !wait && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (n != sizeof answer) {
+            for (int i = 0; i < nfds; i++)
+                close(fds[i]);
+            z->broken = true;       /* the session's calls fail from now on, never hang */
+            errno = n < 0 ? errno : EPIPE;
+            return -1;
+        }
+        if (z->asked > 0)
+            z->asked--;
+        else
+            z->coming--;
+        /* more than it keeps ahead (a lost shim's ask, made up for, arrived after all):
+         * closing its socket ends it */
+        if (answer[0] <= 0 || nfds != 2 || z->npool >= z->want) {
+            for (int i = 0; i < nfds; i++)
+                close(fds[i]);
+            if (answer[0] <= 0) {
+                errno = answer[1] ? answer[1] : EAGAIN;
+                return -1;
+            }
+            continue;
+        }
+        z->pool[z->npool++] = (struct zyg_spare){answer[0], fds[0], fds[1]};
+        wait = false;
+    }
+    return 0;
+}
+
+void zygote_spare_lost(struct zygote *z)
+{
+    if (z && z->coming > 0)
+        z->coming--;
+}
+
+struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
+{
+    const struct sandbox_caps *c = sandbox_caps();
+    bool userns = !c->root && !cfg->plain;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+        *err = xasprintf("zygote socketpair: %s", strerror(errno));
+        return NULL;
+    }
+    int sndbuf = ZYG_MAX_MSG * 2;
+    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+    setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &sndbuf, sizeof sndbuf);
+    uid_t uid = getuid();
+    gid_t gid = getgid();
+    pid_t supervisor = getpid();
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old);
+    int pidfd = -1;
+    int flags = cfg->plain ? 0 : CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
+                                     (userns ? CLONE_NEWUSER : 0);
+    pid_t pid = (pid_t)syscall(SYS_clone, flags | CLONE_PIDFD | SIGCHLD, NULL, &pidfd, NULL, 0);
+    if (pid == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = SIG_DFL;
+        for (int sig = 1; sig < NSIG; sig++)
+            sigaction(sig, &sa, NULL);
+        /* the shims are reaped by the kernel: their status travels on their own pipe */
+        sa.sa_handler = SIG_IGN;
+        sigaction(SIGCHLD, &sa, NULL);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != supervisor)
+            _exit(1);
+        if (dup2(sv[1], ZYG_FD) < 0)
+            _exit(1);
+        close_range(ZYG_FD + 1, ~0U, 0);
+        /* the spares' shims ask for their successors on this pipe */
+        int ask[2];
+        if (pipe2(ask, O_CLOEXEC | O_NONBLOCK) < 0 || dup2(ask[0], ZYG_ASK_R) < 0 ||
+            dup2(ask[1], ZYG_ASK_W) < 0)
+            _exit(1);
+        close_range(ZYG_ASK_W + 1, ~0U, 0);
+        int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (devnull >= 0) {
+            dup2(devnull, 0);
+            dup2(devnull, 1);
+            close(devnull);
+        }
+        if (!cfg->plain)
+            build_world(cfg, uid, gid, userns);
+        send_with_fds(ZYG_FD, "R", 1, NULL, 0);     /* ready */
+        zygote_serve(!cfg->plain);
+    }
+    int e = errno;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    close(sv[1]);
+    if (pid < 0) {
+        close(sv[0]);
+        *err = xasprintf("zygote clone: %s", strerror(e));
+        return NULL;
+    }
+    char hello[300];
+    int nfds;
+    int none[1];
+    ssize_t n = recv_with_fds(sv[0], hello, sizeof hello - 1, none, 0, &nfds);
+    if (n != 1 || hello[0] != 'R') {
+        hello[n > 1 ? n : 1] = 0;
+        *err = xasprintf("the session's sandbox could not be built: %s",
+                         n > 1 ? hello + 1 : "the zygote died");
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        close(pidfd);
+        close(sv[0]);
+        return NULL;
+    }
+    proc_keep(pid);
+    struct zygote *z = xcalloc(1, sizeof *z);
+    z->pid = pid;
+    z->pidfd = pidfd;
+    z->sock = sv[0];
+    /* the server's spawner serves every session's calls at once: keep a few ahead */
+    z->plain = cfg->plain;
+    z->want = cfg->plain ? ZYG_POOL : 1;
+    while (cfg->plain && z->asked < z->want && spare_ask(z) == 0)
+        ;
+    return z;
+}
+
+/* A live spare off the pool: 0, or -1 with errno. The server's spawner is never waited
+ * for (EWOULDBLOCK when it has none ready: the caller forks the shim itself); a session's
+ * zygote is asked and waited for (its own spare, or the one a running call's shim asked
+ * for: never only the latter, which may be slow). */
+static int spare_take(struct zygote *z, struct zyg_spare *out)
+{
+    if (spare_collect(z, false) < 0)
+        return -1;
+    for (;;) {
+        while (z->npool > 0) {
+            *out = z->pool[--z->npool];
+            struct pollfd gone = {out->pidfd, POLLIN, 0};
+            if (poll(&gone, 1, 0) <= 0)
+                return 0;
+            spare_drop(out);        /* it died while it waited */
+        }
+        if (z->plain) {
+            while (z->npool + z->asked + z->coming < z->want && spare_ask(z) == 0)
+                ;
+            errno = EWOULDBLOCK;
+            return -1;
+        }
+        if (spare_ask(z) < 0 || spare_collect(z, true) < 0)
+            return -1;
+    }
+}
+
+int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_child *out)
+{
+    if (z->broken) {
+        errno = EPIPE;
+        return -1;
+    }
+    struct buf b = {0};
+    struct zyg_msg h = {
+        .magic = ZYG_MAGIC, .argc = (uint32_t)strv_len(req->argv),
+        .envc = (uint32_t)strv_len(req->envp),
+        .rwc = (uint32_t)strv_len((char *const *)req->rw_paths), .drop_user = req->drop_user,
+        .with_stdin = req->with_stdin, .landlock = req->landlock, .seccomp = req->seccomp,
+        .net_closed = req->net_closed, .uid = req->uid, .gid = req->gid, .limits = req->limits,
+    };
+    buf_append(&b, &h, sizeof h);
+    put_str(&b, req->path);
+    put_str(&b, req->cwd);
+    put_str(&b, req->session_root);
+    for (uint32_t i = 0; i < h.argc; i++)
+        put_str(&b, req->argv[i]);
+    for (uint32_t i = 0; i < h.envc; i++)
+        put_str(&b, req->envp[i]);
+    for (uint32_t i = 0; i < h.rwc; i++)
+        put_str(&b, req->rw_paths[i]);
+    if (b.len > ZYG_MAX_MSG) {
+        buf_free(&b);
+        errno = E2BIG;
+        return -1;
+    }
+    struct spawn_pipes p;
+    if (spawn_pipes_open(&p, req->with_stdin) < 0) {
+        buf_free(&b);
+        return -1;
+    }
+    /* A call goes only to a live spare: the request is sent after a look at its pidfd,
+     * and a spare that died while it waited is dropped (the pool is small). A send that
+     * fails all the same is retried once with another. */
+    int rc = -1, e = 0;
+    int fds[5] = {p.in[0], p.out[1], p.err[1], p.status[1], req->landlock_fd};
+    int nfds = req->landlock_fd >= 0 ? 5 : 4;
+    for (int attempt = 0; rc < 0 && attempt < 2; attempt++) {
+        struct zyg_spare sp;
+        if (spare_take(z, &sp) < 0) {
+            e = errno;
+            break;
+        }
+        if (send_with_fds(sp.sock, b.data, b.len, fds, nfds) == (ssize_t)b.len) {
+            close_quietly(&sp.sock);
+            spawn_pipes_finish(&p, sp.pid, sp.pidfd, out);
+            rc = 0;
+            z->coming++;        /* its shim asks for the next one once its tool runs */
+        } else {
+            e = errno;
+            spare_drop(&sp);
+        }
+    }
+    buf_free(&b);
+    spawn_pipes_close(&p);
+    errno = e;
+    return rc;
+}
+
+unsigned zygote_standby(struct zygote *z, int wait_ms, unsigned *fds)
+{
+    if (!z)
+        return 0;
+    /* Spares asked for are on their way (a fork, under a millisecond): with wait_ms, wait
+     * a little for them, so that a quiet server reports the same figure every time. */
+    struct pollfd pf = {z->sock, POLLIN, 0};
+    int64_t until = now_ms() + (wait_ms > 0 ? wait_ms : 0);
+    for (int64_t left = wait_ms; left >= 0 && !z->broken && z->asked + z->coming > 0;
+         left = until - now_ms()) {
+        if (left > 0 && poll(&pf, 1, (int)left) <= 0)
+            break;
+        if (spare_collect(z, false) < 0 || left == 0)
+            break;
+    }
+    if (fds)
+        *fds += 2u + 2u * (unsigned)z->npool;   /* pidfd and socket, its own and each spare's */
+    return 1u + (unsigned)(z->npool + z->asked + z->coming);
+}
+
+void zygote_stop(struct zygote *z)
+{
+    if (!z)
+        return;
+    /* SIGKILL of the zygote: its pid namespaces' inits get SIGUSR1 (PDEATHSIG) and end
+     * their trees; the mount and network namespaces go with the last process. */
+    while (z->npool > 0)
+        spare_drop(&z->pool[--z->npool]);
+    proc_unkeep(z->pid);
+    pidfd_send_signal(z->pidfd, SIGKILL, NULL, 0);
+    siginfo_t si;
+    waitid(P_PIDFD, (id_t)z->pidfd, &si, WEXITED);
+    close_quietly(&z->pidfd);
+    close_quietly(&z->sock);
+    free(z);
+}
