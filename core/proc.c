@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <sys/pidfd.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static struct ev_loop *proc_loop;
@@ -29,7 +31,7 @@ void proc_keep(pid_t pid)
     kept[nkept++] = pid;
 }
 
-void proc_unkeep(pid_t pid)
+static void proc_unkeep(pid_t pid)
 {
     for (size_t i = 0; i < nkept; i++)
         if (kept[i] == pid) {
@@ -49,6 +51,43 @@ static bool is_kept(pid_t pid)
         if (kept[i] == pid)
             return true;
     return false;
+}
+
+/* Reaped: 1; still running: 0; not ours (reaped already): -1. */
+static int reap_now(pid_t pid, int pidfd)
+{
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    int rc = pidfd >= 0 ? waitid(P_PIDFD, (id_t)pidfd, &si, WEXITED | WNOHANG)
+                        : waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG);
+    if (rc < 0)
+        return errno == ECHILD ? -1 : 0;
+    return si.si_pid != 0;
+}
+
+void proc_kill_reap(pid_t pid, int pidfd)
+{
+    /* Without a pidfd the pid is still ours to signal: the child is not reaped (only this
+     * module reaps, and it does not know this one). */
+    if (pidfd >= 0)
+        pidfd_send_signal(pidfd, SIGKILL, NULL, 0);
+    else
+        kill(pid, SIGKILL);
+    int64_t until = now_ms() + PROC_KILL_WAIT_MS;
+    int state;
+    while ((state = reap_now(pid, pidfd)) == 0 && now_ms() < until) {
+        if (pidfd >= 0) {
+            struct pollfd pf = {pidfd, POLLIN, 0};
+            poll(&pf, 1, (int)(until - now_ms()));
+        } else {
+            nanosleep(&(struct timespec){0, 1000000}, NULL);
+        }
+    }
+    close_quietly(&pidfd);
+    if (state != 0)
+        proc_unkeep(pid);
+    else if (!is_kept(pid))
+        proc_keep(pid);         /* proc_reap reaps it, not as an orphan */
 }
 
 static struct proc *find(pid_t pid)
@@ -107,8 +146,10 @@ void proc_reap(void)
             if (!reap_registered(p))
                 return;
         } else {
-            proc_unkeep(si.si_pid);     /* a zygote that died: its pid may come back */
-            if (waitpid(si.si_pid, NULL, WNOHANG) > 0)
+            /* a zygote that died is not an orphan; its pid may come back */
+            bool was_kept = is_kept(si.si_pid);
+            proc_unkeep(si.si_pid);
+            if (waitpid(si.si_pid, NULL, WNOHANG) > 0 && !was_kept)
                 orphans_reaped++;
         }
     }

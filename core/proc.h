@@ -3,7 +3,11 @@
 /* The one owner of child processes: it registers the supervisor's children (call shims),
  * watches their exit through pidfds, and is the only place that reaps. The supervisor is
  * a child subreaper, so orphans of a call that lost its shim land here too: they are
- * killed and reaped, never left running. */
+ * killed and reaped, never left running. Children kept on purpose (zygotes) are known
+ * here too, and ended through proc_kill_reap.
+ *
+ * The one exception: sandbox_caps() forks throwaway children to probe the kernel and
+ * waits for them itself, once, at start-up (before the loop runs). */
 #include <ev.h>
 #include <stdbool.h>
 #include <sys/types.h>
@@ -31,9 +35,16 @@ void proc_forget(struct proc *p);
 int proc_signal(struct proc *p, int sig);
 /* Reap whatever has exited; dispatches on_exit for registered children. */
 void proc_reap(void);
-/* A child the supervisor keeps on purpose (a zygote): not an orphan to sweep. */
+/* A child the supervisor keeps on purpose (a zygote): not an orphan to sweep, and not
+ * counted as one when it dies. */
 void proc_keep(pid_t pid);
-void proc_unkeep(pid_t pid);
+/* End a child of ours that nothing registered (a kept zygote, or a child whose pidfd
+ * could not be opened) and reap it: SIGKILL (through `pidfd` when >= 0, which is closed
+ * here), then a wait on the loop thread, bounded by PROC_KILL_WAIT_MS: a SIGKILLed process
+ * only has its namespaces to tear down. Past the bound it stays kept, and proc_reap reaps
+ * it when it is gone. */
+#define PROC_KILL_WAIT_MS 2000
+void proc_kill_reap(pid_t pid, int pidfd);
 /* Kill every unregistered, unkept child of the supervisor and their trees (orphans that a
  * dead shim left behind). Returns how many processes were signalled. */
 int proc_sweep_orphans(void);

@@ -467,10 +467,8 @@ int spawn_start(const struct spawn_req *req, struct spawn_child *out)
     int pidfd = pid > 0 ? pidfd_open(pid, 0) : -1;
     if (pid < 0 || pidfd < 0) {
         int e = pid < 0 ? fork_errno : errno;
-        if (pid > 0) {
-            kill(pid, SIGKILL);      /* not yet reaped by anyone: the pid is still ours */
-            waitpid(pid, NULL, 0);
-        }
+        if (pid > 0)
+            proc_kill_reap(pid, -1);
         spawn_pipes_close(&p);
         errno = e;
         return -1;

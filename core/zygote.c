@@ -692,9 +692,7 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
         hello[n > 1 ? n : 1] = 0;
         *err = xasprintf("the session's sandbox could not be built: %s",
                          n > 1 ? hello + 1 : "the zygote died");
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        close(pidfd);
+        proc_kill_reap(pid, pidfd);
         close(sv[0]);
         return NULL;
     }
@@ -828,11 +826,7 @@ void zygote_stop(struct zygote *z)
      * their trees; the mount and network namespaces go with the last process. */
     while (z->npool > 0)
         spare_drop(&z->pool[--z->npool]);
-    proc_unkeep(z->pid);
-    pidfd_send_signal(z->pidfd, SIGKILL, NULL, 0);
-    siginfo_t si;
-    waitid(P_PIDFD, (id_t)z->pidfd, &si, WEXITED);
-    close_quietly(&z->pidfd);
+    proc_kill_reap(z->pid, z->pidfd);
     close_quietly(&z->sock);
     free(z);
 }
