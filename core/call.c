@@ -1,6 +1,5 @@
 #include "call.h"
 #include "policy.h"
-#include "sandbox.h"
 #include "zygote.h"
 #include "session.h"
 
@@ -710,17 +709,10 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
         .rw_paths = session->zygote ? strict_tmp_paths : NULL,
         .landlock_fd = -1,
     };
-    /* Process isolation: the session's Landlock ruleset is built once, here, and each
-     * tool only restricts itself to it. (In a zygote's world the tool builds its own:
-     * the paths there are the world's.) If it cannot be built, the tool tries and says
-     * why. */
-    if (!session->zygote && sandbox_caps()->landlock_abi > 0) {
-        if (session->landlock_fd < 0) {
-            struct sandbox_fs fs = {session->root, NULL};
-            session->landlock_fd = sandbox_landlock_ruleset(&fs, session->net_closed);
-        }
+    /* Process isolation: the tool restricts itself to the session's ruleset (-1: it
+     * builds its own, and says why it cannot). */
+    if (!session->zygote)
         sr.landlock_fd = session->landlock_fd;
-    }
     /* Strict: the session's zygote or nothing. Process: the server's spawner (calls
      * without a fork on their path) while it lives, else a fork from here. */
     struct zygote *z = session->zygote;
@@ -811,19 +803,6 @@ void call_free(struct call *c)
     buf_free(&c->err.tail);
     policy_unref(c->policy);
     free(c);
-}
-
-int call_session_prepare(struct session *s, const struct policy *p, char **err)
-{
-    s->net_closed = strcmp(p->network, "loopback") != 0;
-    if (strcmp(p->isolation, "strict") != 0)
-        return 0;
-    struct zygote_config zc = {
-        .state_dir = s->state_dir, .session_root = s->root, .mounts = p->mounts,
-        .nmounts = p->nmounts, .loopback_up = !s->net_closed,
-    };
-    s->zygote = zygote_start(&zc, err);
-    return s->zygote ? 0 : -1;
 }
 
 int call_exit_status(const struct call_result *r)

@@ -143,10 +143,6 @@ void call_pause_output(struct call *c, bool pause);
 /* Release everything; only after on_done. */
 void call_free(struct call *c);
 
-/* Give a new session what its policy's isolation needs (strict: its zygote, with the
- * namespaces and mount tree built). 0, or -1 and *err. */
-int call_session_prepare(struct session *s, const struct policy *p, char **err);
-
 /* The exit status convention of `stockade run` (timeout(1) and env(1)). */
 int call_exit_status(const struct call_result *r);
 

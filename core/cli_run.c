@@ -181,7 +181,7 @@ int cli_run(int argc, char **argv)
     if (!session)
         die("%s", err);
     session->keep_root = session_id != NULL;
-    if (call_session_prepare(session, policy, &err) < 0) {
+    if (!session_isolate(session, policy, NULL, &err)) {
         session_close(session);
         die("%s", err);
     }

@@ -375,13 +375,11 @@ static void m_session_open(struct srv_conn *conn, uint32_t msgid, const msgpack_
     char *err = NULL;
     struct session *s = session_open(srv->state_dir, id, false, srv->opts->uids, &err);
     free(id);
-    if (s && call_session_prepare(s, srv->policy, &err) < 0) {
+    if (s && !session_isolate(s, srv->policy, srv->spawner, &err)) {
         session_close(s);
         s = NULL;
         errno = 0;
     }
-    if (s && !s->zygote)
-        s->spawner = srv->spawner;
     if (!s) {
         rpc_send_error(conn->rpc, msgid, errno == EEXIST ? "BAD_REQUEST" : "INTERNAL", false,
                        err, NULL);

@@ -1,5 +1,7 @@
 #include "session.h"
+#include "policy.h"
 #include "root.h"
+#include "sandbox.h"
 #include "zygote.h"
 #include "util.h"
 
@@ -127,20 +129,48 @@ fail:
     return NULL;
 }
 
+bool session_isolate(struct session *s, const struct policy *p, struct zygote *spawner,
+                     char **err)
+{
+    s->net_closed = strcmp(p->network, "loopback") != 0;
+    if (strcmp(p->isolation, "strict") == 0) {
+        struct zygote_config zc = {
+            .state_dir = s->state_dir, .session_root = s->root, .mounts = p->mounts,
+            .nmounts = p->nmounts, .loopback_up = !s->net_closed,
+        };
+        s->zygote = zygote_start(&zc, err);
+        return s->zygote != NULL;
+    }
+    /* Built once, here: each tool only restricts itself to it. (In a zygote's world the
+     * tool builds its own: the paths there are the world's.) */
+    if (sandbox_caps()->landlock_abi > 0) {
+        struct sandbox_fs fs = {s->root, NULL};
+        s->landlock_fd = sandbox_landlock_ruleset(&fs, s->net_closed);
+    }
+    s->spawner = spawner;
+    return true;
+}
+
+static void session_isolation_end(struct session *s)
+{
+    zygote_stop(s->zygote);
+    s->zygote = NULL;
+    s->spawner = NULL;
+    close_quietly(&s->landlock_fd);
+}
+
 int session_close(struct session *s)
 {
     int rc = 0;
     if (!s)
         return 0;
     /* its processes first: nothing may still be writing while the root goes */
-    zygote_stop(s->zygote);
-    s->zygote = NULL;
+    session_isolation_end(s);
     if (s->root && !s->keep_root && root_remove(s->state_dir, s->id) < 0) {
         LOG_E("session %s: could not remove all of %s: %s", s->id, s->root, strerror(errno));
         rc = -1;
     }
     close_quietly(&s->uid_lock_fd);
-    close_quietly(&s->landlock_fd);
     free(s->id);
     free(s->root);
     free(s->state_dir);

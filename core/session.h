@@ -8,6 +8,9 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
+struct policy;
+struct zygote;
+
 struct uid_range {
     uid_t first;
     unsigned count;
@@ -23,10 +26,11 @@ struct session {
     gid_t gid;
     int uid_lock_fd;            /* holds the uid while the session lives */
     bool keep_root;             /* `stockade run --session ID`: left for the next run */
-    struct zygote *zygote;      /* strict isolation: the session's namespaces */
-    struct zygote *spawner;     /* process isolation: the server's (borrowed), or NULL */
-    int landlock_fd;            /* process isolation: the ruleset its tools get, built at
-                                 * its first call; -1 until then */
+    /* Its isolation (session_isolate), released by session_close: */
+    struct zygote *zygote;      /* strict: the session's namespaces and mount tree */
+    struct zygote *spawner;     /* process: the server's (borrowed), or NULL */
+    int landlock_fd;            /* process: the ruleset its tools restrict themselves to;
+                                 * -1 when it could not be built (each tool then tries) */
     bool net_closed;            /* the policy's network is "none" */
 };
 
@@ -36,7 +40,13 @@ int uid_range_parse(const char *s, struct uid_range *out);
  * id NULL: a random UUID v4. */
 struct session *session_open(const char *state_dir, const char *id, bool reuse,
                              struct uid_range range, char **err);
-/* Remove the root (unless keep_root) and release the uid; frees the session. Returns -1
+/* Give the session what its policy's isolation needs: strict, its zygote (namespaces and
+ * mount tree built); process, its Landlock ruleset, and `spawner` (the server's, borrowed;
+ * NULL: each call forks its shim). False and *err when the zygote could not be built. */
+bool session_isolate(struct session *s, const struct policy *p, struct zygote *spawner,
+                     char **err);
+/* End its isolation (the zygote first: its processes), remove the root (unless
+ * keep_root) and release the uid; frees the session. Returns -1
  * when part of the root could not be removed (logged). */
 int session_close(struct session *s);
 
