@@ -545,7 +545,7 @@ static char **build_env(const struct call *c, int64_t depth)
     char **env = xcalloc(9 + extra, sizeof *env);
     size_t n = 0;
     /* first: getenv() takes the first of two, so an allowed LANG overrides ours below */
-    for (char **e = c->req.env; e && *e; e++)       /* checked by policy_env_check */
+    for (char **e = c->req.env; e && *e; e++)       /* checked by policy_env_allowed */
         env[n++] = xstrdup(*e);
     env[n++] = xasprintf("SESSION_ID=%s", s->id);
     env[n++] = xasprintf("AGENT_ROOT=%s", s->root);
@@ -620,11 +620,8 @@ bool call_decide(struct policy *policy, const char *session_id, const char *sess
         return false;
     }
     for (char **e = req->env; e && *e; e++) {
-        char *why = policy_env_check(policy, tool, *e);
-        if (why) {
-            d->message = why;
+        if (!policy_env_allowed(policy, tool, *e, &d->message))
             return false;
-        }
     }
     char *reason = NULL;
     if (!policy_accept(policy, tool, &view, &reason)) {

@@ -6,6 +6,7 @@
 #include "util.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -35,13 +36,15 @@ int cli_doctor(int argc, char **argv)
             printf("  %-9s unavailable: %s\n", name, c->reason[l]);
         }
     }
-    const char *why = sandbox_level_unavailable("strict");
-    printf("isolation strict:  %s%s\n", why ? "unavailable: " : "available", why ? why : "");
+    char *why = NULL;
+    bool strict = sandbox_level_allowed("strict", &why);
+    printf("isolation strict:  %s%s\n", strict ? "available" : "unavailable: ", strict ? "" : why);
+    free(why);
     const char *layers[LAYER_COUNT + 2];
     size_t n = sandbox_active_layers("process", layers);
     printf("isolation process: available (");
     for (size_t i = 0; i < n; i++)
         printf("%s%s", i ? ", " : "", layers[i]);
     printf(")\n");
-    return why ? 1 : 0;
+    return strict ? 0 : 1;
 }

@@ -173,8 +173,8 @@ int cli_run(int argc, char **argv)
 
     if (sandbox_seccomp_prepare() < 0)
         die_errno("compiling the seccomp filter");
-    const char *why = sandbox_level_unavailable(policy->isolation);
-    if (why)
+    char *why = NULL;
+    if (!sandbox_level_allowed(policy->isolation, &why))
         die("policy %s requires isolation=%s, which this host cannot give: %s", policy_path,
             policy->isolation, why);
     struct session *session = session_open(state_dir, session_id, session_id != NULL, uids, &err);

@@ -1306,7 +1306,8 @@ static bool in_strv(char *const *v, const char *name)
     return false;
 }
 
-char *policy_env_check(const struct policy *p, const struct tool_def *t, const char *entry)
+/* The refusal of an env entry (malloc'd), or NULL. */
+static char *env_refusal(const struct policy *p, const struct tool_def *t, const char *entry)
 {
     size_t n = strcspn(entry, "=");
     char name[256];
@@ -1329,6 +1330,13 @@ char *policy_env_check(const struct policy *p, const struct tool_def *t, const c
     if (!in_strv(p->env_allow, name) && !in_strv(t->env_allow, name))
         return xasprintf("env key forbidden: %s is not allowed for %s", name, t->name);
     return NULL;
+}
+
+bool policy_env_allowed(const struct policy *p, const struct tool_def *t, const char *entry,
+                        char **why)
+{
+    *why = env_refusal(p, t, entry);
+    return *why == NULL;
 }
 
 /* The longest tail of text that is the beginning of some redactor's prefix. */

@@ -155,9 +155,10 @@ bool policy_argv(struct policy *p, const struct tool_def *t, const struct msgpac
 bool policy_check_output(struct policy *p, const struct tool_def *t, const char *text,
                          size_t len, char **reason);
 
-/* A "NAME=value" a request asks to pass: NULL when allowed, else the refusal (malloc'd).
+/* May a request pass "NAME=value" to tool t? False and *why (the refusal) when not.
  * Denied globs win over any allow; the core's own names are never accepted. */
-char *policy_env_check(const struct policy *p, const struct tool_def *t, const char *entry);
+bool policy_env_allowed(const struct policy *p, const struct tool_def *t, const char *entry,
+                        char **why);
 
 /* Push onto `to` (another Lua state) a plain copy of the normalized policy: tools,
  * timeouts, limits, env, mounts, network; hook functions as {kind="function", where,

@@ -27,8 +27,8 @@ const struct sandbox_caps *sandbox_caps(void);
 /* The names of the layers really active for calls at `level` (for hello and doctor);
  * fills out[] and returns how many. */
 size_t sandbox_active_layers(const char *level, const char **out);
-/* Can the host give `level` ("strict" or "process")? NULL, or why not. */
-const char *sandbox_level_unavailable(const char *level);
+/* Can the host give `level` ("strict" or "process")? False and *why (malloc'd) if not. */
+bool sandbox_level_allowed(const char *level, char **why);
 
 /* What the walls allow a tool to write: its session root and the policy's rw mounts. */
 struct sandbox_fs {

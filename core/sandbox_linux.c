@@ -151,19 +151,22 @@ size_t sandbox_active_layers(const char *level, const char **out)
     return n;
 }
 
-const char *sandbox_level_unavailable(const char *level)
+bool sandbox_level_allowed(const char *level, char **why)
 {
     const struct sandbox_caps *c = sandbox_caps();
     if (strcmp(level, "strict") != 0)
-        return NULL;
+        return true;
     static const enum sandbox_layer need[] = {LAYER_MOUNTNS, LAYER_PIDNS, LAYER_NETNS,
-                                              LAYER_IPCNS, LAYER_UTSNS};
-    for (size_t i = 0; i < ARRAY_LEN(need); i++)
-        if (!c->available[need[i]])
-            return c->reason[need[i]];
-    if (!c->root && !c->available[LAYER_USERNS])
-        return c->reason[LAYER_USERNS];
-    return NULL;
+                                              LAYER_IPCNS, LAYER_UTSNS, LAYER_USERNS};
+    for (size_t i = 0; i < ARRAY_LEN(need); i++) {
+        if (need[i] == LAYER_USERNS && c->root)
+            continue;       /* root makes the others without one */
+        if (!c->available[need[i]]) {
+            *why = xstrdup(c->reason[need[i]]);
+            return false;
+        }
+    }
+    return true;
 }
 
 /* ---- Landlock ------------------------------------------------------------------- */

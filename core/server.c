@@ -1374,8 +1374,8 @@ struct server *server_new(const struct server_opts *opts)
     srv->policy_path = xstrdup(opts->policy_path);
     if (sandbox_seccomp_prepare() < 0)
         die_errno("compiling the seccomp filter");
-    const char *why = sandbox_level_unavailable(srv->policy->isolation);
-    if (why)
+    char *why = NULL;
+    if (!sandbox_level_allowed(srv->policy->isolation, &why))
         die("policy %s requires isolation=%s, which this host cannot give: %s",
             opts->policy_path, srv->policy->isolation, why);
     srv->state_dir = xstrdup(opts->state_dir);
