@@ -635,9 +635,10 @@ bool call_decide(struct policy *policy, const char *session_id, const char *sess
 
 static const char *const strict_tmp_paths[] = {"/tmp", "/var/tmp", NULL};
 
-struct call *call_start(struct ev_loop *loop, struct policy *policy, struct session *session,
-                        struct call_request *req, call_done_fn on_done,
-                        call_output_fn on_output, void *ud)
+/* A call in CALL_ACCEPTED: owns *req (emptied), its timers set up, nothing started. */
+static struct call *call_new(struct ev_loop *loop, struct policy *policy,
+                             struct session *session, struct call_request *req,
+                             call_done_fn on_done, call_output_fn on_output, void *ud)
 {
     struct call *c = xcalloc(1, sizeof *c);
     c->loop = loop;
@@ -659,22 +660,27 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
     ev_timer_init(&c->quiet_timer, on_quiet, 0, REDACT_QUIET_MS / 1000.0);
     c->answer_timer.data = c->timeout_timer.data = c->deadline_timer.data = c;
     c->grace_timer.data = c->quiet_timer.data = c;
+    return c;
+}
 
-    struct call_decision d;
-    if (!call_decide(policy, session->id, session->root, &c->req, &d))
-        return refuse(c, d.class, d.message, d.layer);
-    c->tool = d.tool;
-    c->idempotent = d.idempotent;
-    int64_t depth = d.depth;
-    const struct policy_limits *lim = &policy->limits;
-
-    int64_t timeout = c->tool->timeout_ms > 0 ? c->tool->timeout_ms : policy->timeouts.call_ms;
+/* The tool's timeout, the request's if shorter, never above the policy's maximum. */
+static int64_t call_timeout(const struct call *c)
+{
+    const struct policy_timeouts *to = &c->policy->timeouts;
+    int64_t timeout = c->tool->timeout_ms > 0 ? c->tool->timeout_ms : to->call_ms;
     if (c->req.timeout_ms > 0 && c->req.timeout_ms < timeout)
         timeout = c->req.timeout_ms;
-    if (policy->timeouts.call_max_ms > 0 && timeout > policy->timeouts.call_max_ms)
-        timeout = policy->timeouts.call_max_ms;
-    c->timeout_ms = timeout;
+    if (to->call_max_ms > 0 && timeout > to->call_max_ms)
+        timeout = to->call_max_ms;
+    return timeout;
+}
 
+/* Start the shim and the tool (c->child). 0, or -1 with errno. */
+static int call_spawn(struct call *c, int64_t depth)
+{
+    const struct policy *policy = c->policy;
+    const struct policy_limits *lim = &policy->limits;
+    struct session *session = c->session;
     char **argv = xcalloc(c->req.argc + 2, sizeof *argv);
     argv[0] = c->tool->path;
     for (size_t i = 0; i < c->req.argc; i++)
@@ -720,14 +726,18 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
         c->zygote = z;
     else if (z && z == session->spawner)
         rc = spawn_start(&sr, &c->child);       /* no spare ready: fork one here */
-    int spawn_errno = errno;
+    int e = errno;
     free(argv);
     strv_free(envp);
     free(cwd);
-    if (rc < 0)
-        return refuse(c, spawn_errno == EAGAIN ? CLASS_RESOURCE_LIMIT : CLASS_INTERNAL,
-                      xasprintf("could not start the call: %s", strerror(spawn_errno)), NULL);
+    errno = e;
+    return rc;
+}
 
+/* The call runs: its shim is watched, its pipes read and written, its clocks started. */
+static void call_arm(struct call *c)
+{
+    struct ev_loop *loop = c->loop;
     c->state = CALL_RUNNING;
     proc_watch(&c->proc, c->child.pid, c->child.pidfd, on_shim_exit, c);
     c->child.pidfd = -1;                 /* owned by c->proc now */
@@ -748,7 +758,7 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
         c->stdin_watcher.data = c;
         ev_io_start(loop, &c->stdin_watcher);
     }
-    ev_timer_set(&c->timeout_timer, (double)timeout / 1000.0, 0);
+    ev_timer_set(&c->timeout_timer, (double)c->timeout_ms / 1000.0, 0);
     ev_timer_start(loop, &c->timeout_timer);
     if (c->req.deadline_ms > 0) {
         /* Fire a little early: the hard kill and the answer take a few ms, and the
@@ -757,6 +767,25 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
         ev_timer_set(&c->deadline_timer, (double)(c->req.deadline_ms - margin) / 1000.0, 0);
         ev_timer_start(loop, &c->deadline_timer);
     }
+}
+
+struct call *call_start(struct ev_loop *loop, struct policy *policy, struct session *session,
+                        struct call_request *req, call_done_fn on_done,
+                        call_output_fn on_output, void *ud)
+{
+    struct call *c = call_new(loop, policy, session, req, on_done, on_output, ud);
+    struct call_decision d;
+    if (!call_decide(policy, session->id, session->root, &c->req, &d))
+        return refuse(c, d.class, d.message, d.layer);
+    c->tool = d.tool;
+    c->idempotent = d.idempotent;
+    c->timeout_ms = call_timeout(c);
+    if (call_spawn(c, d.depth) < 0) {
+        int e = errno;
+        return refuse(c, e == EAGAIN ? CLASS_RESOURCE_LIMIT : CLASS_INTERNAL,
+                      xasprintf("could not start the call: %s", strerror(e)), NULL);
+    }
+    call_arm(c);
     return c;
 }
 
