@@ -317,64 +317,57 @@ static bool param_int(struct srv_conn *conn, uint32_t msgid, const msgpack_objec
     return true;
 }
 
-static void m_session_open(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
+/* session.open's optional session_id: false (and an answer sent) when malformed; else
+ * *id is the id (malloc'd) or NULL (none asked for). */
+static bool session_id_param(struct srv_conn *conn, uint32_t msgid, const msgpack_object *idobj,
+                             char **id)
+{
+    *id = NULL;
+    if (!idobj || idobj->type == MSGPACK_OBJECT_NIL)
+        return true;
+    *id = rpc_obj_is_str(idobj) ? rpc_obj_strdup(idobj) : NULL;
+    if (!*id || !root_id_valid(*id) || strlen(*id) != idobj->via.str.size) {
+        free(*id);
+        *id = NULL;
+        bad_request(conn, msgid,
+                    "session_id: expected a string matching [A-Za-z0-9][A-Za-z0-9_.-]{0,63}");
+        return false;
+    }
+    return true;
+}
+
+/* Reattach: the same uid may pick up its session on another connection. */
+static void session_reattach(struct srv_conn *conn, uint32_t msgid, struct srv_session *ss)
+{
+    if (ss->owner_uid != conn->uid || ss->ending) {
+        bad_request(conn, msgid, "session %s is in use", ss->s->id);
+        return;
+    }
+    ss->owner = conn;
+    session_touch(ss);
+    msgpack_packer *pk = result_begin(conn, msgid, 4);
+    pack_session_info(pk, ss);
+    rpc_conn_flush(conn->rpc);
+}
+
+/* A new session (id NULL: a random one) with its isolation, its lease (ttl_ms) and its
+ * fuse (fuse_ms, at most the policy's); 0: the policy's. Answers either way. */
+static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id,
+                           int64_t ttl_ms, int64_t fuse_ms)
 {
     struct server *srv = conn->srv;
-    const msgpack_object *idobj = rpc_map_get(params, "session_id");
-    int64_t ttl = 0, fuse = 0;
-    bool has_ttl, has_fuse;
-    if (!param_int(conn, msgid, params, "ttl_ms", &ttl, &has_ttl) ||
-        !param_int(conn, msgid, params, "fuse_ms", &fuse, &has_fuse))
-        return;
-    if ((has_ttl && ttl <= 0) || (has_fuse && fuse <= 0)) {
-        bad_request(conn, msgid, "ttl_ms and fuse_ms must be positive");
-        return;
-    }
-    const msgpack_object *labels = rpc_map_get(params, "labels");
-    if (labels && labels->type != MSGPACK_OBJECT_MAP && labels->type != MSGPACK_OBJECT_NIL) {
-        bad_request(conn, msgid, "labels: expected a map");
-        return;
-    }
-    char *id = NULL;
-    if (idobj && idobj->type != MSGPACK_OBJECT_NIL) {
-        id = rpc_obj_is_str(idobj) ? rpc_obj_strdup(idobj) : NULL;
-        if (!id || !root_id_valid(id) || strlen(id) != idobj->via.str.size) {
-            free(id);
-            bad_request(conn, msgid,
-                        "session_id: expected a string matching [A-Za-z0-9][A-Za-z0-9_.-]{0,63}");
-            return;
-        }
-        struct srv_session *ss = session_find(srv, id);
-        if (ss) {
-            /* Reattach: the same uid may pick up its session on another connection. */
-            if (ss->owner_uid != conn->uid || ss->ending) {
-                bad_request(conn, msgid, "session %s is in use", id);
-            } else {
-                ss->owner = conn;
-                session_touch(ss);
-                msgpack_packer *pk = result_begin(conn, msgid, 4);
-                pack_session_info(pk, ss);
-                rpc_conn_flush(conn->rpc);
-            }
-            free(id);
-            return;
-        }
-    }
     if (srv->draining) {
         rpc_send_error(conn->rpc, msgid, "OVERLOADED", true, "the server is shutting down", NULL);
-        free(id);
         return;
     }
     if ((int64_t)srv->nsessions >= srv->policy->limits.sessions) {
         char msg[128];
         snprintf(msg, sizeof msg, "session limit reached (%u open)", srv->nsessions);
         rpc_send_error(conn->rpc, msgid, "OVERLOADED", true, msg, NULL);
-        free(id);
         return;
     }
     char *err = NULL;
     struct session *s = session_open(srv->state_dir, id, false, srv->opts->uids, &err);
-    free(id);
     if (s && !session_isolate(s, srv->policy, srv->spawner, &err)) {
         session_close(s);
         s = NULL;
@@ -393,8 +386,8 @@ static void m_session_open(struct srv_conn *conn, uint32_t msgid, const msgpack_
     ss->srv = srv;
     ss->owner = conn;
     ss->owner_uid = conn->uid;
-    ss->ttl_ms = has_ttl ? ttl : to->lease_ms;
-    int64_t fuse_ms = has_fuse && fuse < to->fuse_ms ? fuse : to->fuse_ms;
+    ss->ttl_ms = ttl_ms > 0 ? ttl_ms : to->lease_ms;
+    fuse_ms = fuse_ms > 0 && fuse_ms < to->fuse_ms ? fuse_ms : to->fuse_ms;
     ev_timer_init(&ss->lease, on_lease, 0, (double)ss->ttl_ms / 1000.0);
     ev_timer_init(&ss->fuse, on_fuse, (double)fuse_ms / 1000.0, 0);
     ss->lease.data = ss->fuse.data = ss;
@@ -407,6 +400,33 @@ static void m_session_open(struct srv_conn *conn, uint32_t msgid, const msgpack_
     msgpack_packer *pk = result_begin(conn, msgid, 4);
     pack_session_info(pk, ss);
     rpc_conn_flush(conn->rpc);
+}
+
+static void m_session_open(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
+{
+    int64_t ttl = 0, fuse = 0;
+    bool has_ttl, has_fuse;
+    if (!param_int(conn, msgid, params, "ttl_ms", &ttl, &has_ttl) ||
+        !param_int(conn, msgid, params, "fuse_ms", &fuse, &has_fuse))
+        return;
+    if ((has_ttl && ttl <= 0) || (has_fuse && fuse <= 0)) {
+        bad_request(conn, msgid, "ttl_ms and fuse_ms must be positive");
+        return;
+    }
+    const msgpack_object *labels = rpc_map_get(params, "labels");
+    if (labels && labels->type != MSGPACK_OBJECT_MAP && labels->type != MSGPACK_OBJECT_NIL) {
+        bad_request(conn, msgid, "labels: expected a map");
+        return;
+    }
+    char *id;
+    if (!session_id_param(conn, msgid, rpc_map_get(params, "session_id"), &id))
+        return;
+    struct srv_session *ss = id ? session_find(conn->srv, id) : NULL;
+    if (ss)
+        session_reattach(conn, msgid, ss);
+    else
+        session_create(conn, msgid, id, has_ttl ? ttl : 0, has_fuse ? fuse : 0);
+    free(id);
 }
 
 /* The session a request names, touched; NULL (and an answer sent) otherwise. */
