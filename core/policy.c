@@ -230,18 +230,19 @@ static int l_policy_require(lua_State *L)
         if (*c == '.')
             *c = '/';
     for (size_t i = 0; i < p->nplugin_dirs; i++) {
-        char *path = xasprintf("%s/%s", p->plugin_dirs[i], relpath);
+        /* The names live on the Lua stack: a push may raise (the memory cap), so nothing
+         * malloc'd is held across one; luaL_loadbufferx does not raise. */
+        const char *path = lua_pushfstring(L, "%s/%s", p->plugin_dirs[i], relpath);
+        const char *chunkname = lua_pushfstring(L, "@%s", path);
         size_t len;
         char *err = NULL;
         char *text = slurp(path, 1 << 20, &len, &err);
         if (!text) {
             free(err);
-            free(path);
+            lua_pop(L, 2);
             continue;
         }
-        lua_pushfstring(L, "@%s", path);
-        free(path);
-        int rc = luaL_loadbufferx(L, text, len, lua_tostring(L, -1), "t");
+        int rc = luaL_loadbufferx(L, text, len, chunkname, "t");
         free(text);
         if (rc != LUA_OK)
             return lua_error(L);
