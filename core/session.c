@@ -26,12 +26,20 @@ int uid_range_parse(const char *s, struct uid_range *out)
     return 0;
 }
 
+/* A random id, or NULL with errno: an id another session could guess or repeat is no
+ * id, so there is no weaker fallback. */
 static char *uuid_v4(void)
 {
     unsigned char r[16];
-    if (getrandom(r, sizeof r, 0) != sizeof r)
-        for (size_t i = 0; i < sizeof r; i++)
-            r[i] = (unsigned char)rand();
+    ssize_t n;
+    do
+        n = getrandom(r, sizeof r, 0);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof r) {
+        if (n >= 0)
+            errno = EIO;
+        return NULL;
+    }
     r[6] = (r[6] & 0x0f) | 0x40;
     r[8] = (r[8] & 0x3f) | 0x80;
     return xasprintf("%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
@@ -89,6 +97,10 @@ struct session *session_open(const char *state_dir, const char *id, bool reuse,
     s->landlock_fd = -1;
     s->id = id ? xstrdup(id) : uuid_v4();
     s->state_dir = xstrdup(state_dir);
+    if (!s->id) {
+        *err = xasprintf("no session id: getrandom: %s", strerror(errno));
+        goto fail;
+    }
     if (!root_id_valid(s->id)) {
         *err = xasprintf("bad session id (expected [A-Za-z0-9][A-Za-z0-9_.-]{0,63})");
         goto fail;
