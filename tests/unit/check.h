@@ -3,6 +3,7 @@
 /* A minimal test harness: CHECK records a failure and goes on; main ends with the plain
  * "N passed, N failed" line and a non-zero status when anything failed. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int check_passed, check_failed;
@@ -28,6 +29,15 @@ static int check_passed, check_failed;
                     __LINE__, check_a ? check_a : "(null)", check_b ? check_b : "(null)"); \
         }                                                                                  \
     } while (0)
+
+/* Remove a suite's scratch directory (made with mkdtemp) and all in it. */
+static inline void check_remove_dir(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+}
 
 static inline int check_report(const char *name)
 {

@@ -60,9 +60,6 @@ int main(void)
     log_threshold = LOG_ERROR;
     test_random_id();
     test_no_random_no_session();
-    char *cmd = xasprintf("rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
-    free(cmd);
+    check_remove_dir(dir);
     return check_report("test_session");
 }
