@@ -1,7 +1,7 @@
 #include "call.h"
 #include "policy.h"
-#include "zygote.h"
 #include "session.h"
+#include "zygote.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -558,7 +558,6 @@ static char **build_env(const struct call *c, int64_t depth)
     env[n] = NULL;
     return env;
 }
-
 
 bool call_decide(struct policy *policy, const char *session_id, const char *session_root,
                  struct call_request *req, struct call_decision *d)

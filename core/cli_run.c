@@ -200,11 +200,11 @@ int cli_run(int argc, char **argv)
         struct buf b = {0};
         json_call_result(&b, r, session->id);
         buf_append(&b, "\n", 1);
-        (void)write_all(1, b.data, b.len);
+        write_all(1, b.data, b.len);
         buf_free(&b);
     } else {
-        (void)write_all(1, r->out.data ? r->out.data : "", r->out.len);
-        (void)write_all(2, r->err.data ? r->err.data : "", r->err.len);
+        write_all(1, r->out.data ? r->out.data : "", r->out.len);
+        write_all(2, r->err.data ? r->err.data : "", r->err.len);
         if (r->class != CLASS_OK && r->class != CLASS_TOOL_ERROR)
             fprintf(stderr, "stockade: %s: %s\n", call_class_name(r->class), r->message);
         if (r->truncated_out || r->truncated_err)

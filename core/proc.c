@@ -75,10 +75,11 @@ void proc_kill_reap(pid_t pid, int pidfd)
         kill(pid, SIGKILL);
     int64_t until = now_ms() + PROC_KILL_WAIT_MS;
     int state;
-    while ((state = reap_now(pid, pidfd)) == 0 && now_ms() < until) {
+    int64_t left;
+    while ((state = reap_now(pid, pidfd)) == 0 && (left = until - now_ms()) > 0) {
         if (pidfd >= 0) {
             struct pollfd pf = {pidfd, POLLIN, 0};
-            poll(&pf, 1, (int)(until - now_ms()));
+            poll(&pf, 1, (int)left);
         } else {
             nanosleep(&(struct timespec){0, 1000000}, NULL);
         }
