@@ -1,7 +1,7 @@
 # stockade — build, test, demo. `make`, `make check`, `make demo`, `make SAN=1 check`.
 CC      ?= cc
 PYTHON  := /usr/bin/python3
-PKGS    := lua5.4 lua5.4-cjson msgpack libseccomp nettle
+PKGS    := lua5.4 lua5.4-cjson msgpack libseccomp nettle jansson
 DEPS    := contrib/deps-debian.sh
 
 VARIANT := $(if $(SAN),san,rel)

@@ -3,7 +3,7 @@
 # As root: apt-get install -y of what is missing. Otherwise: say what is missing and fail.
 set -eu
 
-PKGS="gcc make pkg-config liblua5.4-dev lua5.4 libev-dev libmsgpack-dev libseccomp-dev nettle-dev lua-cjson-dev \
+PKGS="gcc make pkg-config liblua5.4-dev lua5.4 libev-dev libmsgpack-dev libseccomp-dev nettle-dev lua-cjson-dev libjansson-dev \
 lua-unit lua-cjson python3-msgpack python3-pytest json-schema-test-suite iproute2 strace curl"
 [ "${1:-}" = "--with-clang" ] && PKGS="$PKGS clang"
 

@@ -14,6 +14,7 @@ static const char usage[] =
     "usage: stockade COMMAND [ARGS]\n"
     "  run [options] -- TOOL [ARG...]   run one tool call in a fresh session\n"
     "  serve [options]                  the MessagePack-RPC server (stdin/stdout or a socket)\n"
+    "  mcp [options]                    the policy's tools as an MCP server on stdin/stdout\n"
     "  test FILE...                     run LuaUnit policy tests (stockade.testing)\n"
     "  check [POLICY...]                CI gate: problems in a policy, one per line\n"
     "  diff OLD NEW [--json] [--fail-on-widen]   CI gate: what a policy change widens\n"
@@ -42,6 +43,8 @@ int main(int argc, char **argv)
         return cli_run(argc - 1, argv + 1);
     if (strcmp(cmd, "serve") == 0)
         return cli_serve(argc - 1, argv + 1);
+    if (strcmp(cmd, "mcp") == 0)
+        return cli_mcp(argc - 1, argv + 1);
     if (strcmp(cmd, "test") == 0)
         return cli_test(argc - 1, argv + 1);
     if (strcmp(cmd, "doctor") == 0)

@@ -108,6 +108,8 @@ struct server {
     struct proc zombie_holder;      /* debug.zombie: a child that never reaps its own */
     bool holding_zombie;
     struct zygote *spawner;         /* makes process-isolation calls' shims ahead of time */
+    void (*on_reload)(void *ud);    /* told after a policy reload (`stockade mcp`) */
+    void *on_reload_ud;
 };
 
 /* ---- small helpers ------------------------------------------------------------------ */
@@ -894,6 +896,8 @@ static struct policy *reload(struct server *srv, const char *path, char **err)
     }
     policy_unref(old);
     LOG_I("policy %s loaded: generation %u", path, p->generation);
+    if (srv->on_reload)
+        srv->on_reload(srv->on_reload_ud);
     return p;
 }
 
@@ -1478,6 +1482,32 @@ void server_free(struct server *srv)
     free(srv);
 }
 
+struct policy *server_policy(struct server *srv) { return srv->policy; }
+
+void server_on_reload(struct server *srv, void (*fn)(void *ud), void *ud)
+{
+    srv->on_reload = fn;
+    srv->on_reload_ud = ud;
+}
+
+void server_start(struct server *srv)
+{
+    /* The baseline the fds alarm measures growth from: everything start-up opened. */
+    standby_count(srv, 100, NULL);
+    acct_sample_take(&srv->last);
+    unsigned standby_fds = 0;
+    standby_count(srv, -1, &standby_fds);
+    srv->fd_baseline = srv->last.fds - (int)standby_fds;
+    alarm_thresholds(srv);
+    ev_timer_start(srv->loop, &srv->sampler);
+    ev_unref(srv->loop);        /* the sampler alone must not keep the server alive */
+    if (srv->opts->metrics_path) {
+        write_metrics(srv);
+        ev_timer_again(srv->loop, &srv->metrics_timer);
+        ev_unref(srv->loop);
+    }
+}
+
 int server_run(const struct server_opts *opts)
 {
     struct server *srv = server_new(opts);
@@ -1493,20 +1523,7 @@ int server_run(const struct server_opts *opts)
         fd_set_cloexec(1);
         conn_add(srv, 0, 1, geteuid());
     }
-    /* The baseline the fds alarm measures growth from: everything start-up opened. */
-    standby_count(srv, 100, NULL);
-    acct_sample_take(&srv->last);
-    unsigned standby_fds = 0;
-    standby_count(srv, -1, &standby_fds);
-    srv->fd_baseline = srv->last.fds - (int)standby_fds;
-    alarm_thresholds(srv);
-    ev_timer_start(srv->loop, &srv->sampler);
-    ev_unref(srv->loop);        /* the sampler alone must not keep the server alive */
-    if (opts->metrics_path) {
-        write_metrics(srv);
-        ev_timer_again(srv->loop, &srv->metrics_timer);
-        ev_unref(srv->loop);
-    }
+    server_start(srv);
     ev_run(srv->loop, 0);
     server_free(srv);
     return 0;

@@ -29,11 +29,18 @@ int server_run(const struct server_opts *opts);
 
 /* The pieces of server_run, for tests and the fuzz harness. */
 struct server;
+struct policy;
 struct srv_conn;
 struct server *server_new(const struct server_opts *opts);
 struct srv_conn *server_attach(struct server *srv, int rfd, int wfd, uid_t uid);
 void server_feed(struct srv_conn *conn, const void *data, size_t len);
 struct ev_loop *server_loop(struct server *srv);
+/* Accounting baseline, sampler, metrics: once the connections are attached, before ev_run. */
+void server_start(struct server *srv);
+/* The current policy generation (borrowed: take a ref to keep it past a reload). */
+struct policy *server_policy(struct server *srv);
+/* fn(ud) after each policy reload that took effect (SIGHUP or policy.reload). */
+void server_on_reload(struct server *srv, void (*fn)(void *ud), void *ud);
 void server_free(struct server *srv);
 
 #endif

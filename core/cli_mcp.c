@@ -1,0 +1,100 @@
+/* `stockade mcp`: option parsing; the MCP front end is core/mcp.c, the server behind it
+ * core/server.c. */
+#include "cli.h"
+#include "mcp.h"
+#include "root.h"
+#include "rpc.h"
+#include "server.h"
+
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char mcp_usage[] =
+    "usage: stockade mcp [--policy FILE] [--state-dir DIR] [--session-ttl DUR]\n"
+    "                    [--max-message SIZE] [--uid-range FIRST-LAST] [--log FILE]\n"
+    "                    [--log-level LEVEL]\n"
+    "A Model Context Protocol server on stdin/stdout (JSON-RPC 2.0, one message per line):\n"
+    "every tool of the policy is an MCP tool; the calls of one connection share one session.\n"
+    "Logs are JSON lines on stderr (or --log FILE).\n";
+
+int cli_mcp(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"policy", required_argument, 0, 'p'}, {"state-dir", required_argument, 0, 'd'},
+        {"session-ttl", required_argument, 0, 't'}, {"max-message", required_argument, 0, 'm'},
+        {"uid-range", required_argument, 0, 'u'}, {"log", required_argument, 0, 'L'},
+        {"log-level", required_argument, 0, 'E'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    struct server_opts so = {
+        .policy_path = getenv("STOCKADE_POLICY"),
+        .max_message = RPC_MAX_MESSAGE_DEFAULT,
+        .drain_ms = 10000,
+        .uids = UID_RANGE_DEFAULT,
+    };
+    struct mcp_opts mo = {.max_message = MCP_MAX_MESSAGE_DEFAULT};
+    const char *state_flag = NULL;
+    int64_t v;
+    int opt;
+    log_threshold = LOG_INFO;
+    log_json = true;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "+p:d:t:m:u:h", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'p': so.policy_path = optarg; break;
+        case 'd': state_flag = optarg; break;
+        case 't':
+            if (parse_duration_ms(optarg, &v) < 0 || v <= 0)
+                die("--session-ttl: expected a positive duration such as 10m, got '%s'", optarg);
+            mo.session_ttl_ms = v;
+            break;
+        case 'm':
+            if (parse_size(optarg, &v) < 0 || v < 1024 || v > (1LL << 30))
+                die("--max-message: expected a size from 1KiB to 1GiB, got '%s'", optarg);
+            mo.max_message = (size_t)v;
+            break;
+        case 'u':
+            if (uid_range_parse(optarg, &so.uids) < 0)
+                die("--uid-range: expected FIRST-LAST with 0 < FIRST <= LAST, got '%s'", optarg);
+            break;
+        case 'L': {
+            int fd = open(optarg, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+            if (fd < 0)
+                die_errno("--log %s", optarg);
+            log_fd = fd;
+            break;
+        }
+        case 'E': {
+            static const char *const levels[] = {"error", "warn", "info", "debug"};
+            size_t i = 0;
+            while (i < ARRAY_LEN(levels) && strcmp(levels[i], optarg) != 0)
+                i++;
+            if (i == ARRAY_LEN(levels))
+                die("--log-level: expected error, warn, info or debug, got '%s'", optarg);
+            log_threshold = (enum log_level)i;
+            break;
+        }
+        case 'h': fputs(mcp_usage, stdout); return 0;
+        default: fputs(mcp_usage, stderr); return 125;
+        }
+    }
+    if (optind < argc)
+        die("mcp: unexpected argument '%s'", argv[optind]);
+    if (!so.policy_path)
+        so.policy_path = "/etc/stockade/policy.lua";
+    so.allow_uids[so.n_allow_uids++] = geteuid();
+    char *state_dir = root_state_dir(state_flag);
+    if (!state_dir)
+        die("no state dir: pass --state-dir, or set STOCKADE_STATE_DIR or XDG_RUNTIME_DIR");
+    so.state_dir = state_dir;
+    /* a JSON message becomes one msgpack request: the server must take what we take */
+    if (so.max_message < mo.max_message + 4096)
+        so.max_message = mo.max_message + 4096;
+    int rc = mcp_run(&so, &mo);
+    free(state_dir);
+    return rc;
+}
