@@ -22,7 +22,7 @@ LUA_SRC  := $(wildcard lua/*.lua)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/%)
 
-.PHONY: all deps check check-graph check-unit check-lua check-integration demo fuzz clean bench bench-quick
+.PHONY: all deps check check-graph check-unit check-lua check-integration check-mcp demo fuzz clean bench bench-quick
 all: stockade
 
 # ./stockade is a copy of the variant just built, so `make SAN=1 check` tests the sanitized one.
@@ -60,7 +60,7 @@ deps:
 
 check: deps
 	@$(MAKE) --no-print-directory all $(UNIT_BIN)
-	@$(MAKE) --no-print-directory check-graph check-unit check-lua check-integration
+	@$(MAKE) --no-print-directory check-graph check-unit check-lua check-integration check-mcp
 
 # The core's modules form no cycle (contrib/include-graph.sh --print shows the graph).
 check-graph:
@@ -80,6 +80,13 @@ PYTEST := STOCKADE_BIN=$(CURDIR)/stockade STOCKADE_SANITIZED=$(SAN) PYTHONPATH=c
 check-integration: stockade
 	$(PYTEST) tests/integration
 	$(PYTEST) tests/security
+
+# `stockade mcp` against the official MCP SDK client (pinned by tests/mcp/package-lock.json).
+tests/mcp/node_modules/.installed: tests/mcp/package.json tests/mcp/package-lock.json
+	cd tests/mcp && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+check-mcp: stockade tests/mcp/node_modules/.installed
+	cd tests/mcp && STOCKADE_BIN=$(CURDIR)/stockade node --test
 
 # libFuzzer over the decoder and dispatcher of `serve`, spawning stubbed.
 FUZZ_SECONDS ?= 60

@@ -4,7 +4,7 @@
 set -eu
 
 PKGS="gcc make pkg-config liblua5.4-dev lua5.4 libev-dev libmsgpack-dev libseccomp-dev nettle-dev lua-cjson-dev libjansson-dev \
-lua-unit lua-cjson python3-msgpack python3-pytest json-schema-test-suite iproute2 strace curl"
+lua-unit lua-cjson python3-msgpack python3-pytest json-schema-test-suite iproute2 strace curl nodejs"
 [ "${1:-}" = "--with-clang" ] && PKGS="$PKGS clang"
 
 missing=""
@@ -12,6 +12,8 @@ for p in $PKGS; do
     st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
     case "$st" in *" installed") ;; *) missing="$missing $p" ;; esac
 done
+# npm is its own Debian package, but part of the nodesource nodejs build: whichever is there
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" != 0 ]; then
