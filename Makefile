@@ -104,14 +104,21 @@ $(FZ)/lua_embed.o: $(FZ)/lua_embed.c
 $(FZ)/fuzz_rpc: tests/fuzz/fuzz_rpc.c tests/fuzz/spawn_stub.c $(FZ_OBJ)
 	clang $(FZ_FLAGS) -fsanitize=fuzzer -Wl,--wrap=spawn_start,--wrap=zygote_start -o $@ $^ \
 	    $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm
+# ... and over `stockade mcp`'s JSON-RPC decoder and dispatcher, the same way.
+$(FZ)/fuzz_mcp: tests/fuzz/fuzz_mcp.c tests/fuzz/spawn_stub.c $(FZ_OBJ)
+	clang $(FZ_FLAGS) -fsanitize=fuzzer -Wl,--wrap=spawn_start,--wrap=zygote_start -o $@ $^ \
+	    $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm
 $(FZ)/.dir:
 	@mkdir -p $(FZ) && touch $@
 fuzz: deps
 	@sh $(DEPS) --with-clang
-	@$(MAKE) --no-print-directory $(FZ)/fuzz_rpc
+	@$(MAKE) --no-print-directory $(FZ)/fuzz_rpc $(FZ)/fuzz_mcp
 	@mkdir -p $(FZ)/corpus && cp -n tests/fuzz/corpus/* $(FZ)/corpus/ 2>/dev/null || true
 	$(FZ)/fuzz_rpc -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 \
 	    -print_final_stats=1 $(FZ)/corpus
+	@mkdir -p $(FZ)/corpus_mcp && cp -n tests/fuzz/corpus_mcp/* $(FZ)/corpus_mcp/ 2>/dev/null || true
+	$(FZ)/fuzz_mcp -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 \
+	    -print_final_stats=1 $(FZ)/corpus_mcp
 
 # The benchmark (tests/bench/run.py): one table, medians with p25-p75, ratios to baselines
 # measured in the same run. BENCH_ARGS="--json FILE" keeps every figure.
