@@ -9,7 +9,8 @@
 Sections:
   1. per-call latency of /bin/true and `echo hello`: the fork+exec floor (floor.c),
      posix_spawn, `stockade run` (process, strict), `stockade serve` through the Python
-     client and through a raw msgpack C client (rawclient.c) (process, strict), bwrap,
+     client and through a raw msgpack C client (rawclient.c) (process, strict), `stockade
+     mcp` through a JSON-lines Python client (ratio to the msgpack Python client), bwrap,
      unshare, firejail, srt
   2. parallel throughput with 1, 2, 8, 32 calls in flight: serve (the C client pipelining,
      one session per slot) vs K concurrent fork+exec workers
@@ -315,6 +316,49 @@ def py_client_latency(ctx, iso, tool, argv, n, warmup):
     return lat
 
 
+def mcp_client_latency(ctx, iso, tool, argv, n, warmup):
+    """`stockade mcp` driven by a minimal JSON-lines client, shaped like the Python msgpack
+    client above (one blocking request, one answer), so the two rows differ by the
+    protocol: JSON decoding/encoding and the MCP front end's in-process hop."""
+    argv_mcp = [ctx.stockade, "mcp", "--policy", POLICY[iso], "--state-dir", ctx.state]
+    proc = subprocess.Popen(argv_mcp, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=ctx.serve_log, env=ctx.env)
+
+    def rpc(i, method, params):
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": i, "method": method,
+                                     "params": params}).encode() + b"\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError("stockade mcp closed its output")
+        return json.loads(line)
+
+    lat = []
+    try:
+        rpc(0, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                              "clientInfo": {"name": "bench", "version": "1"}})
+        for i in range(warmup + n):
+            t0 = time.perf_counter_ns()
+            r = rpc(i + 1, "tools/call", {"name": tool, "arguments": {"argv": argv}})
+            dt = time.perf_counter_ns() - t0
+            res = r.get("result") or {}
+            if res.get("isError") is not False:
+                raise RuntimeError(f"mcp call {tool} answered {r}")
+            if i >= warmup:
+                lat.append(dt)
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    if proc.returncode != 0:
+        raise RuntimeError(f"stockade mcp exited {proc.returncode}")
+    return lat
+
+
 def section_latency(ctx, bench):
     q = ctx.args.quick
     B, LO, HI = (0.25, 5, 40) if q else (4.0, 20, 1000)
@@ -361,6 +405,19 @@ def section_latency(ctx, bench):
             except Exception as e:   # noqa: BLE001  (any failure of stockade is reported)
                 bench.fail(label, f"{type(e).__name__}: {e}")
                 bench.skip(sec, label, "ms", "failed", key=f"py:{iso}:{cmd_name}")
+        # the same call through `stockade mcp`: ratio to the msgpack row just above
+        for iso in ("process", "strict"):
+            label = f"{cmd_name}: mcp, Python JSON-lines client ({iso})"
+            try:
+                probe = mcp_client_latency(ctx, iso, tool, targs, 5, 2)
+                n = iterations(ctx, probe, B, LO, HI)
+                xs = mcp_client_latency(ctx, iso, tool, targs, n, 5)
+                bench.add(Row(sec, label, "ms", [x / 1e6 for x in xs],
+                              base=f"py:{iso}:{cmd_name}", key=f"mcp:{iso}:{cmd_name}",
+                              note="ratio: to the msgpack Python client's row"))
+            except Exception as e:   # noqa: BLE001  (any failure of stockade is reported)
+                bench.fail(label, f"{type(e).__name__}: {e}")
+                bench.skip(sec, label, "ms", "failed", key=f"mcp:{iso}:{cmd_name}")
         for iso in ("process", "strict"):
             label = f"{cmd_name}: serve, raw C client ({iso})"
             try:
