@@ -315,6 +315,18 @@ static bool key_is_list(const char *key)
     return false;
 }
 
+struct lua_key {
+    const char *s;
+    size_t len;
+};
+
+static int lua_key_cmp(const void *a, const void *b)
+{
+    const struct lua_key *x = a, *y = b;
+    int c = memcmp(x->s, y->s, x->len < y->len ? x->len : y->len);
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
 /* A plain Lua value (a policy_describe copy) as JSON; depth bounded like the copy. */
 static void lua_json(lua_State *L, int idx, const char *key, int depth, struct buf *b)
 {
@@ -368,23 +380,32 @@ static void lua_json(lua_State *L, int idx, const char *key, int depth, struct b
         buf_append_lit(b, "]");
         return;
     }
-    buf_append_lit(b, "{");
-    bool first = true;
+    /* keys in sorted order: a table's traversal order differs between two loads of the
+     * same policy, and the text is compared to tell whether the registry changed */
+    struct lua_key *keys = xcalloc(count ? count : 1, sizeof *keys);
+    size_t nkeys = 0;
     lua_pushnil(L);
     while (lua_next(L, idx)) {
         if (lua_type(L, -2) == LUA_TSTRING) {
-            size_t klen;
-            const char *k = lua_tolstring(L, -2, &klen);
-            if (!first)
-                buf_append_lit(b, ",");
-            first = false;
-            json_string(b, k, klen);
-            buf_append_lit(b, ":");
-            lua_json(L, -1, k, depth + 1, b);
+            keys[nkeys].s = lua_tolstring(L, -2, &keys[nkeys].len);    /* held by the table */
+            nkeys++;
         }
         lua_pop(L, 1);
     }
+    qsort(keys, nkeys, sizeof *keys, lua_key_cmp);
+    buf_append_lit(b, "{");
+    for (size_t i = 0; i < nkeys; i++) {
+        if (i > 0)
+            buf_append_lit(b, ",");
+        json_string(b, keys[i].s, keys[i].len);
+        buf_append_lit(b, ":");
+        lua_pushlstring(L, keys[i].s, keys[i].len);
+        lua_rawget(L, idx);
+        lua_json(L, -1, keys[i].s, depth + 1, b);
+        lua_pop(L, 1);
+    }
     buf_append_lit(b, "}");
+    free(keys);
 }
 
 static const char output_schema[] =

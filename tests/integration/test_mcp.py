@@ -25,6 +25,18 @@ class Mcp:
             start_new_session=True)
         self.buf = b""
 
+    def wait_log(self, text):
+        """Read the JSON-lines log until `text` appears in it."""
+        deadline = time.monotonic() + BOUND
+        while text not in getattr(self, "log", ""):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stderr], [], [], left)[0]:
+                pytest.fail(f"{text!r} not logged within {BOUND}s")
+            chunk = os.read(self.proc.stderr.fileno(), 65536)
+            if not chunk:
+                pytest.fail(f"log closed before {text!r}")
+            self.log = getattr(self, "log", "") + chunk.decode(errors="replace")
+
     def send_raw(self, data):
         self.proc.stdin.write(data)
         self.proc.stdin.flush()
@@ -190,3 +202,17 @@ def test_eof_ends_the_server_and_removes_the_session(mcp, state_dir):
     assert mcp.close() == 0
     assert not os.path.exists(root)
     assert os.listdir(os.path.join(state_dir, "sessions")) == []
+
+
+def test_reloading_the_same_registry_is_not_a_change(mcp):
+    """The tool list is rendered deterministically: Lua's table order differs between two
+    loads of one file, and must not read as a changed registry."""
+    mcp.initialize()
+    before = mcp.request({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})["result"]
+    for gen in range(2, 8):
+        mcp.proc.send_signal(signal.SIGHUP)
+        mcp.wait_log(f"generation {gen}")
+    # had any reload announced a change, its notification would come before this answer
+    r = mcp.request({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+    assert r.get("id") == 2, f"unexpected message: {r}"
+    assert json.dumps(r["result"]) == json.dumps(before)
