@@ -171,8 +171,11 @@ describe('stockade mcp', () => {
 
   test('a secret is redacted in the result and in the progress stream', async () => {
     const progress = [];
+    // The pause keeps the streamed chunk and the result apart: the SDK drops a progress
+    // notification that it reads in the same chunk as its request's result (the result is
+    // handled at once, the notification a microtask later).
     const r = await s.client.callTool(
-      { name: 'sh', arguments: { argv: ['-c', 'echo key=ITKEY-abcdefghijkl; echo done'] } },
+      { name: 'sh', arguments: { argv: ['-c', 'echo key=ITKEY-abcdefghijkl; sleep 1; echo done'] } },
       undefined,
       { onprogress: (p) => progress.push(p) },
     );
