@@ -1,5 +1,7 @@
 #ifndef STOCKADE_CLI_H
 #define STOCKADE_CLI_H
+#include <stddef.h>
+
 /* The subcommands; each returns the process exit status. */
 int cli_run(int argc, char **argv);
 int cli_serve(int argc, char **argv);
@@ -8,5 +10,12 @@ int cli_test(int argc, char **argv);
 int cli_doctor(int argc, char **argv);
 int cli_soak(int argc, char **argv);
 int cli_gate(const char *command, int argc, char **argv);
+
+/* Options `serve` and `mcp` share (core/cli_serve.c): each dies on a malformed value. */
+struct uid_range;
+void cli_opt_log_file(const char *path);
+void cli_opt_log_level(const char *name);
+size_t cli_opt_max_message(const char *size);
+void cli_opt_uid_range(const char *range, struct uid_range *out);
 
 #endif

@@ -6,7 +6,6 @@
 #include "rpc.h"
 #include "server.h"
 
-#include <fcntl.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,32 +51,10 @@ int cli_mcp(int argc, char **argv)
                 die("--session-ttl: expected a positive duration such as 10m, got '%s'", optarg);
             mo.session_ttl_ms = v;
             break;
-        case 'm':
-            if (parse_size(optarg, &v) < 0 || v < 1024 || v > (1LL << 30))
-                die("--max-message: expected a size from 1KiB to 1GiB, got '%s'", optarg);
-            mo.max_message = (size_t)v;
-            break;
-        case 'u':
-            if (uid_range_parse(optarg, &so.uids) < 0)
-                die("--uid-range: expected FIRST-LAST with 0 < FIRST <= LAST, got '%s'", optarg);
-            break;
-        case 'L': {
-            int fd = open(optarg, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-            if (fd < 0)
-                die_errno("--log %s", optarg);
-            log_fd = fd;
-            break;
-        }
-        case 'E': {
-            static const char *const levels[] = {"error", "warn", "info", "debug"};
-            size_t i = 0;
-            while (i < ARRAY_LEN(levels) && strcmp(levels[i], optarg) != 0)
-                i++;
-            if (i == ARRAY_LEN(levels))
-                die("--log-level: expected error, warn, info or debug, got '%s'", optarg);
-            log_threshold = (enum log_level)i;
-            break;
-        }
+        case 'm': mo.max_message = cli_opt_max_message(optarg); break;
+        case 'u': cli_opt_uid_range(optarg, &so.uids); break;
+        case 'L': cli_opt_log_file(optarg); break;
+        case 'E': cli_opt_log_level(optarg); break;
         case 'h': fputs(mcp_usage, stdout); return 0;
         default: fputs(mcp_usage, stderr); return 125;
         }

@@ -19,6 +19,40 @@ static const char serve_usage[] =
     "Speaks MessagePack-RPC (PROTOCOL.md) on stdin/stdout, or on a Unix socket.\n"
     "Logs are JSON lines on stderr (or --log FILE): one record per call, alarms, errors.\n";
 
+/* Options `serve` shares with `mcp`: each dies with a usage line when malformed. */
+void cli_opt_log_file(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    if (fd < 0)
+        die_errno("--log %s", path);
+    log_fd = fd;
+}
+
+void cli_opt_log_level(const char *name)
+{
+    static const char *const levels[] = {"error", "warn", "info", "debug"};
+    size_t i = 0;
+    while (i < ARRAY_LEN(levels) && strcmp(levels[i], name) != 0)
+        i++;
+    if (i == ARRAY_LEN(levels))
+        die("--log-level: expected error, warn, info or debug, got '%s'", name);
+    log_threshold = (enum log_level)i;
+}
+
+size_t cli_opt_max_message(const char *size)
+{
+    int64_t v;
+    if (parse_size(size, &v) < 0 || v < 1024 || v > (1LL << 30))
+        die("--max-message: expected a size from 1KiB to 1GiB, got '%s'", size);
+    return (size_t)v;
+}
+
+void cli_opt_uid_range(const char *range, struct uid_range *out)
+{
+    if (uid_range_parse(range, out) < 0)
+        die("--uid-range: expected FIRST-LAST with 0 < FIRST <= LAST, got '%s'", range);
+}
+
 int cli_serve(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -62,38 +96,16 @@ int cli_serve(int argc, char **argv)
             o.allow_uids[o.n_allow_uids++] = (uid_t)u;
             break;
         }
-        case 'm':
-            if (parse_size(optarg, &v) < 0 || v < 1024 || v > (1LL << 30))
-                die("--max-message: expected a size from 1KiB to 1GiB, got '%s'", optarg);
-            o.max_message = (size_t)v;
-            break;
+        case 'm': o.max_message = cli_opt_max_message(optarg); break;
         case 't':
             if (parse_duration_ms(optarg, &v) < 0)
                 die("--drain-timeout: bad duration '%s' (expected e.g. 10s)", optarg);
             o.drain_ms = v;
             break;
-        case 'u':
-            if (uid_range_parse(optarg, &o.uids) < 0)
-                die("--uid-range: expected FIRST-LAST with 0 < FIRST <= LAST, got '%s'", optarg);
-            break;
+        case 'u': cli_opt_uid_range(optarg, &o.uids); break;
         case 'v': log_threshold = LOG_DEBUG; break;
-        case 'L': {
-            int fd = open(optarg, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-            if (fd < 0)
-                die_errno("--log %s", optarg);
-            log_fd = fd;
-            break;
-        }
-        case 'E': {
-            static const char *const levels[] = {"error", "warn", "info", "debug"};
-            size_t i = 0;
-            while (i < ARRAY_LEN(levels) && strcmp(levels[i], optarg) != 0)
-                i++;
-            if (i == ARRAY_LEN(levels))
-                die("--log-level: expected error, warn, info or debug, got '%s'", optarg);
-            log_threshold = (enum log_level)i;
-            break;
-        }
+        case 'L': cli_opt_log_file(optarg); break;
+        case 'E': cli_opt_log_level(optarg); break;
         case 'M': o.metrics_path = optarg; break;
         case 'I':
             if (parse_duration_ms(optarg, &v) < 0 || v < 100)
