@@ -157,6 +157,9 @@ struct mcp {
     int in_fd, out_fd;
     ev_io in_w, out_w;
     ev_timer linger;
+    ev_timer closer;            /* ends the server connection from the loop, not from
+                                 * inside one of its own callbacks */
+    const char *close_why;
     struct buf in;              /* a partial line */
     bool skipping;              /* the rest of an oversize line is being dropped */
     bool in_closed, out_dead, paused;
@@ -171,7 +174,9 @@ struct mcp {
     char nonce[17];
     unsigned session_seq;
     char *session_id;           /* NULL: none open (yet, or any more) */
-    char *session_error;        /* why the last session.open failed */
+    char *session_error;        /* why the last session.open failed, and its class */
+    const char *session_error_class;
+    bool session_error_retryable;
     bool fused;                 /* the session's fuse ran out: no more calls */
     char *tools;                /* the tools/list array, for the current policy */
 };
@@ -193,10 +198,10 @@ static void out_pressure(struct mcp *m)
         else
             ev_io_start(m->loop, &m->in_w);
     }
-    if (m->rpc) {
+    if (m->rpc && !m->rpc->closed) {
         if (high)
             ev_io_stop(m->loop, &m->rpc->rw);
-        else
+        else if (!m->rpc->under_pressure)
             ev_io_start(m->loop, &m->rpc->rw);
     }
 }
@@ -718,12 +723,17 @@ static void on_server_response(struct mcp *m, uint32_t msgid, const msgpack_obje
         return;     /* a cancel's answer: nothing to tell */
     bool failed = err->type != MSGPACK_OBJECT_NIL;
     if (p->kind == PENDING_OPEN) {
+        free(m->session_error);
+        m->session_error = NULL;
         if (failed) {
-            const char *s = "";
-            size_t n = 0;
-            obj_bytes(err->type == MSGPACK_OBJECT_MAP ? rpc_map_get(err, "message") : NULL, &s, &n);
-            free(m->session_error);
-            m->session_error = xasprintf("could not open a session: %.*s", (int)(n > 300 ? 300 : n), s);
+            struct outcome o = {.class = "INTERNAL"};
+            if (err->type == MSGPACK_OBJECT_MAP)
+                outcome_from_map(&o, err);
+            m->session_error = xasprintf("could not open a session: %.*s",
+                                         (int)(o.message_len > 300 ? 300 : o.message_len),
+                                         o.message ? o.message : "");
+            m->session_error_class = o.class;
+            m->session_error_retryable = o.retryable;
             LOG_W("mcp: %s", m->session_error);
             free(m->session_id);
             m->session_id = NULL;   /* the next call tries again */
@@ -737,6 +747,9 @@ static void on_server_response(struct mcp *m, uint32_t msgid, const msgpack_obje
         if (map->type == MSGPACK_OBJECT_MAP) {
             outcome_from_map(&o, map);
             if (strcmp(o.class, "NO_SUCH_SESSION") == 0 && m->session_error) {
+                /* the call behind a failed session.open: say why it failed */
+                o.class = m->session_error_class;
+                o.retryable = m->session_error_retryable;
                 o.message = m->session_error;
                 o.message_len = strlen(m->session_error);
             }
@@ -1002,7 +1015,7 @@ static void m_tools_call(struct mcp *m, const struct mcp_msg *msg)
     struct pending *p = pending_add(m, PENDING_CALL, msg->id);
     if (token)
         p->progress_token = json_incref((json_t *)token);
-    bool structured = tool->has_argv && json_is_object(args);
+    bool structured = tool->has_argv;
     msgpack_packer *pk = request_begin(m, p->msgid, "call",
                                        2 + (structured || argv ? 1 : 0) + (token ? 1 : 0));
     rpc_pack_kv_str(pk, "session_id", m->session_id);
@@ -1011,7 +1024,10 @@ static void m_tools_call(struct mcp *m, const struct mcp_msg *msg)
      * policy); without one, argv as given. */
     if (structured) {
         rpc_pack_key(pk, "args");
-        pack_json(pk, args);
+        if (json_is_object(args))
+            pack_json(pk, args);
+        else
+            msgpack_pack_map(pk, 0);    /* none given: the schema still decides */
     } else if (argv) {
         rpc_pack_key(pk, "argv");
         pack_json(pk, argv);
@@ -1153,12 +1169,22 @@ static void input_close(struct mcp *m, const char *why)
         ev_io_stop(m->loop, &m->in_w);
         LOG_I("mcp: %s", why);
     }
-    if (m->rpc)
-        rpc_conn_close(m->rpc, why, 1000);
+    if (m->rpc && !ev_is_active(&m->closer)) {
+        m->close_why = why;
+        ev_timer_start(m->loop, &m->closer);
+    }
     if (!m->out_dead && m->out.len > m->out_off && !ev_is_active(&m->linger)) {
         ev_timer_set(&m->linger, LINGER_S, 0);
         ev_timer_start(m->loop, &m->linger);
     }
+}
+
+static void on_closer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct mcp *m = w->data;
+    if (m->rpc)
+        rpc_conn_close(m->rpc, m->close_why, 1000);
 }
 
 /* ---- life ------------------------------------------------------------------------------- */
@@ -1189,7 +1215,8 @@ struct mcp *mcp_new(struct server *srv, int in_fd, int out_fd, const struct mcp_
     ev_io_init(&m->in_w, on_input, in_fd, EV_READ);
     ev_io_init(&m->out_w, on_out_writable, out_fd, EV_WRITE);
     ev_timer_init(&m->linger, on_linger, LINGER_S, 0);
-    m->in_w.data = m->out_w.data = m->linger.data = m;
+    ev_timer_init(&m->closer, on_closer, 0, 0);
+    m->in_w.data = m->out_w.data = m->linger.data = m->closer.data = m;
     ev_io_start(m->loop, &m->in_w);
     return m;
 }
@@ -1203,6 +1230,7 @@ void mcp_free(struct mcp *m)
     ev_io_stop(m->loop, &m->in_w);
     ev_io_stop(m->loop, &m->out_w);
     ev_timer_stop(m->loop, &m->linger);
+    ev_timer_stop(m->loop, &m->closer);
     while (m->pending) {
         struct pending *p = m->pending;
         m->pending = p->next;

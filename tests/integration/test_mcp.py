@@ -18,9 +18,9 @@ BOUND = 20.0    # seconds: an answer slower than this is a hang
 
 
 class Mcp:
-    def __init__(self, stockade, state_dir, *args):
+    def __init__(self, stockade, state_dir, *args, policy=POLICY):
         self.proc = subprocess.Popen(
-            [stockade, "mcp", "--policy", POLICY, "--state-dir", state_dir, *args],
+            [stockade, "mcp", "--policy", policy, "--state-dir", state_dir, *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)
         self.buf = b""
@@ -216,3 +216,34 @@ def test_reloading_the_same_registry_is_not_a_change(mcp):
     r = mcp.request({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
     assert r.get("id") == 2, f"unexpected message: {r}"
     assert json.dumps(r["result"]) == json.dumps(before)
+
+
+def test_a_structured_tool_called_without_arguments_meets_its_schema(mcp):
+    mcp.initialize()
+    r = mcp.request({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                     "params": {"name": "greet"}})
+    res = r["result"]
+    assert res["isError"] is True
+    assert res["structuredContent"]["class"] == "POLICY_VIOLATION"
+    assert "name" in res["content"][0]["text"]
+
+
+def test_a_session_that_cannot_open_says_why(stockade, state_dir):
+    policy = os.path.join(state_dir, "no_sessions.lua")
+    with open(POLICY) as f:
+        text = f.read()
+    with open(policy, "w") as f:
+        f.write(text.replace('timeouts = { call = "10s"',
+                             'limits = { sessions = 0 },\n  timeouts = { call = "10s"'))
+    m = Mcp(stockade, state_dir, policy=policy)
+    try:
+        m.initialize()
+        for i in (1, 2):     # the second call tries to open again, and fails the same way
+            r = m.request({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                           "params": {"name": "echo", "arguments": {"argv": ["x"]}}})
+            sc = r["result"]["structuredContent"]
+            assert r["result"]["isError"] is True
+            assert (sc["class"], sc["retryable"]) == ("OVERLOADED", True)
+            assert sc["message"].startswith("could not open a session: session limit reached")
+    finally:
+        assert m.close() == 0
