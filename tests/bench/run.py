@@ -316,10 +316,11 @@ def py_client_latency(ctx, iso, tool, argv, n, warmup):
     return lat
 
 
-def mcp_client_latency(ctx, iso, tool, argv, n, warmup):
+def mcp_client_latency(ctx, iso, tool, argv, n, warmup, pings=0):
     """`stockade mcp` driven by a minimal JSON-lines client, shaped like the Python msgpack
     client above (one blocking request, one answer), so the two rows differ by the
-    protocol: JSON decoding/encoding and the MCP front end's in-process hop."""
+    protocol: JSON decoding/encoding and the MCP front end's in-process hop. With pings,
+    also returns the round trips of that many `ping`s (the front end alone, no call)."""
     argv_mcp = [ctx.stockade, "mcp", "--policy", POLICY[iso], "--state-dir", ctx.state]
     proc = subprocess.Popen(argv_mcp, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=ctx.serve_log, env=ctx.env)
@@ -333,10 +334,14 @@ def mcp_client_latency(ctx, iso, tool, argv, n, warmup):
             raise RuntimeError("stockade mcp closed its output")
         return json.loads(line)
 
-    lat = []
+    lat, ping_lat = [], []
     try:
         rpc(0, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
                               "clientInfo": {"name": "bench", "version": "1"}})
+        for i in range(pings):
+            t0 = time.perf_counter_ns()
+            rpc(-1 - i, "ping", {})
+            ping_lat.append(time.perf_counter_ns() - t0)
         for i in range(warmup + n):
             t0 = time.perf_counter_ns()
             r = rpc(i + 1, "tools/call", {"name": tool, "arguments": {"argv": argv}})
@@ -356,7 +361,7 @@ def mcp_client_latency(ctx, iso, tool, argv, n, warmup):
         proc.stdout.close()
     if proc.returncode != 0:
         raise RuntimeError(f"stockade mcp exited {proc.returncode}")
-    return lat
+    return (lat, ping_lat) if pings else lat
 
 
 def section_latency(ctx, bench):
@@ -415,6 +420,11 @@ def section_latency(ctx, bench):
                 bench.add(Row(sec, label, "ms", [x / 1e6 for x in xs],
                               base=f"py:{iso}:{cmd_name}", key=f"mcp:{iso}:{cmd_name}",
                               note="ratio: to the msgpack Python client's row"))
+                if cmd_name == "true" and iso == "process":
+                    _, pings = mcp_client_latency(ctx, iso, tool, targs, 0, 0,
+                                                  pings=50 if q else 1000)
+                    bench.add(Row(sec, "mcp ping round trip (the JSON front end alone)", "ms",
+                                  [x / 1e6 for x in pings], key="mcp:ping"))
             except Exception as e:   # noqa: BLE001  (any failure of stockade is reported)
                 bench.fail(label, f"{type(e).__name__}: {e}")
                 bench.skip(sec, label, "ms", "failed", key=f"mcp:{iso}:{cmd_name}")
