@@ -171,6 +171,7 @@ struct mcp {
     struct pending *pending;
     /* the MCP session */
     const char *protocol;       /* one of protocol_versions, once initialized */
+    bool ready;                 /* notifications/initialized came: we may notify */
     char nonce[17];
     unsigned session_seq;
     char *session_id;           /* NULL: none open (yet, or any more) */
@@ -507,7 +508,7 @@ static void on_policy_reload(void *ud)
     bool changed = !m->tools || strcmp(tools, m->tools) != 0;
     free(m->tools);
     m->tools = tools;
-    if (changed && m->protocol) {
+    if (changed && m->ready) {
         struct buf *b = line_begin(m);
         buf_append_lit(b, "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}");
         send_line(m, b);
@@ -1067,7 +1068,9 @@ static void dispatch(struct mcp *m, const struct mcp_msg *msg)
     case MCP_MSG_NOTIFICATION:
         if (strcmp(msg->method, "notifications/cancelled") == 0)
             n_cancelled(m, msg);
-        /* notifications/initialized and the rest need nothing from us */
+        else if (strcmp(msg->method, "notifications/initialized") == 0)
+            m->ready = m->protocol != NULL;
+        /* the rest need nothing from us */
         return;
     case MCP_MSG_REQUEST:
         break;
