@@ -456,6 +456,10 @@ static char *tools_build(struct policy *p)
         buf_append_lit(&b, "{\"name\":");
         json_cstr(&b, t->name);
         lua_getfield(L, tools, t->name);
+        if (!lua_istable(L, -1)) {     /* not described (a name the copy skips) */
+            lua_pop(L, 1);
+            lua_newtable(L);
+        }
         int tt = lua_gettop(L);
         buf_append_lit(&b, ",\"description\":");
         lua_getfield(L, tt, "description");
@@ -472,14 +476,10 @@ static char *tools_build(struct policy *p)
         if (!t->has_argv) {
             buf_append(&b, argv_schema, sizeof argv_schema - 1);
         } else if (lua_istable(L, -1)) {
-            lua_getfield(L, -1, "type");
-            bool typed = !lua_isnil(L, -1);
-            lua_pop(L, 1);
-            if (!typed) {
-                /* MCP wants an object schema; structured args are always a map */
-                lua_pushstring(L, "object");
-                lua_setfield(L, -2, "type");
-            }
+            /* MCP wants an object schema, and structured args are always a map (a schema
+             * of another type refuses every call anyway) */
+            lua_pushstring(L, "object");
+            lua_setfield(L, -2, "type");
             lua_json(L, -1, NULL, 0, &b);
         } else {
             buf_append_lit(&b, "{\"type\":\"object\"}");
