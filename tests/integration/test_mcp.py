@@ -247,3 +247,29 @@ def test_a_session_that_cannot_open_says_why(stockade, state_dir):
             assert sc["message"].startswith("could not open a session: session limit reached")
     finally:
         assert m.close() == 0
+
+
+def test_odd_tools_still_list(stockade, state_dir):
+    """A tool name the policy description skips (a leading underscore) and a structured
+    schema that is not an object must not break tools/list for every other tool."""
+    policy = os.path.join(state_dir, "odd.lua")
+    with open(policy, "w") as f:
+        f.write('''local stockade = require "stockade"
+return stockade.policy {
+  name = "odd", isolation = "process",
+  tools = {
+    _hidden = stockade.tool { path = "/bin/echo", owner = "t", timeout = "5s",
+                              schema = { type = "object" } },
+    listy = stockade.tool { path = "/bin/echo", owner = "t", timeout = "5s",
+                            schema = { type = "array" }, argv = function() return {} end },
+  },
+}
+''')
+    m = Mcp(stockade, state_dir, policy=policy)
+    try:
+        m.initialize()
+        tools = m.request({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})["result"]["tools"]
+        assert [t["name"] for t in tools] == ["_hidden", "listy"]
+        assert all(t["inputSchema"]["type"] == "object" for t in tools)
+    finally:
+        assert m.close() == 0
