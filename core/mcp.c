@@ -146,6 +146,12 @@ struct pending {
     json_t *progress_token;     /* or NULL */
     int64_t streamed;           /* bytes of progress sent: the progress value */
     bool cancelled;             /* the client gave up: no answer goes out */
+    /* what the call asks, kept to send it once more in a fresh session */
+    char *tool;
+    bool structured;            /* args is the tool's structured args, else its argv */
+    json_t *args;               /* or NULL */
+    unsigned session_seq;       /* the session it was sent in */
+    bool resent;
     struct pending *next;
 };
 
@@ -183,6 +189,7 @@ struct mcp {
 };
 
 static void input_close(struct mcp *m, const char *why);
+static void call_send(struct mcp *m, struct pending *p);
 
 static void out_pressure(struct mcp *m)
 {
@@ -544,6 +551,8 @@ static void pending_free(struct pending *p)
 {
     json_decref(p->id);
     json_decref(p->progress_token);
+    json_decref(p->args);
+    free(p->tool);
     free(p);
 }
 
@@ -716,6 +725,13 @@ static void answer_local(struct mcp *m, const json_t *id, const char *class, con
     answer_outcome(m, id, &o);
 }
 
+static void answer_fused(struct mcp *m, const json_t *id)
+{
+    answer_local(m, id, "SESSION_EXPIRED", "fuse",
+                 "the session's total time budget (fuse) ran out: no more calls on this "
+                 "connection");
+}
+
 static void on_server_response(struct mcp *m, uint32_t msgid, const msgpack_object *err,
                                const msgpack_object *result)
 {
@@ -747,7 +763,27 @@ static void on_server_response(struct mcp *m, uint32_t msgid, const msgpack_obje
         const msgpack_object *map = failed ? err : result;
         if (map->type == MSGPACK_OBJECT_MAP) {
             outcome_from_map(&o, map);
-            if (strcmp(o.class, "NO_SUCH_SESSION") == 0 && m->session_error) {
+            bool no_session = strcmp(o.class, "NO_SUCH_SESSION") == 0;
+            if (no_session && !m->session_error && !m->fused && !p->resent && m->rpc) {
+                /* The session ended between the call's leaving and its arrival (a lapsed
+                 * lease whose notice crossed it): once more, in a fresh session. */
+                if (m->session_id && p->session_seq == m->session_seq) {
+                    free(m->session_id);
+                    m->session_id = NULL;
+                }
+                p->resent = true;
+                p->msgid = ++m->next_msgid;
+                p->next = m->pending;
+                m->pending = p;
+                call_send(m, p);
+                return;
+            }
+            if (no_session && m->fused) {
+                answer_fused(m, p->id);
+                pending_free(p);
+                return;
+            }
+            if (no_session && m->session_error) {
                 /* the call behind a failed session.open: say why it failed */
                 o.class = m->session_error_class;
                 o.retryable = m->session_error_retryable;
@@ -965,6 +1001,33 @@ static bool request_id_in_use(const struct mcp *m, const json_t *id)
     return false;
 }
 
+/* The server's `call` for p, in the connection's session (opened if need be). */
+static void call_send(struct mcp *m, struct pending *p)
+{
+    session_ensure(m);
+    p->session_seq = m->session_seq;
+    bool has_args = p->structured || p->args;
+    msgpack_packer *pk = request_begin(m, p->msgid, "call",
+                                       2 + (has_args ? 1 : 0) + (p->progress_token ? 1 : 0));
+    rpc_pack_kv_str(pk, "session_id", m->session_id);
+    rpc_pack_kv_str(pk, "tool", p->tool);
+    /* A tool with an argv hook gets its args (validated and turned into argv by the
+     * policy); without one, argv as given. */
+    if (p->structured) {
+        rpc_pack_key(pk, "args");
+        if (p->args)
+            pack_json(pk, p->args);
+        else
+            msgpack_pack_map(pk, 0);    /* none given: the schema still decides */
+    } else if (p->args) {
+        rpc_pack_key(pk, "argv");
+        pack_json(pk, p->args);
+    }
+    if (p->progress_token)
+        rpc_pack_kv_bool(pk, "stream", true);
+    rpc_conn_flush(m->rpc);
+}
+
 static void m_tools_call(struct mcp *m, const struct mcp_msg *msg)
 {
     const json_t *params = msg->params;
@@ -1003,39 +1066,21 @@ static void m_tools_call(struct mcp *m, const struct mcp_msg *msg)
         return;
     }
     if (m->fused) {
-        answer_local(m, msg->id, "SESSION_EXPIRED", "fuse",
-                     "the session's total time budget (fuse) ran out: no more calls on this "
-                     "connection");
+        answer_fused(m, msg->id);
         return;
     }
     if (!m->rpc) {
         send_error(m, msg->id, MCP_INTERNAL_ERROR, "the server is stopping");
         return;
     }
-    session_ensure(m);
     struct pending *p = pending_add(m, PENDING_CALL, msg->id);
     if (token)
         p->progress_token = json_incref((json_t *)token);
-    bool structured = tool->has_argv;
-    msgpack_packer *pk = request_begin(m, p->msgid, "call",
-                                       2 + (structured || argv ? 1 : 0) + (token ? 1 : 0));
-    rpc_pack_kv_str(pk, "session_id", m->session_id);
-    rpc_pack_kv_str(pk, "tool", tool->name);
-    /* A tool with an argv hook gets its args (validated and turned into argv by the
-     * policy); without one, argv as given. */
-    if (structured) {
-        rpc_pack_key(pk, "args");
-        if (json_is_object(args))
-            pack_json(pk, args);
-        else
-            msgpack_pack_map(pk, 0);    /* none given: the schema still decides */
-    } else if (argv) {
-        rpc_pack_key(pk, "argv");
-        pack_json(pk, argv);
-    }
-    if (token)
-        rpc_pack_kv_bool(pk, "stream", true);
-    rpc_conn_flush(m->rpc);
+    p->tool = xstrdup(tool->name);
+    p->structured = tool->has_argv;
+    const json_t *sent = p->structured ? (json_is_object(args) ? args : NULL) : argv;
+    p->args = sent ? json_incref((json_t *)sent) : NULL;
+    call_send(m, p);
 }
 
 static void n_cancelled(struct mcp *m, const struct mcp_msg *msg)

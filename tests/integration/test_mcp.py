@@ -273,3 +273,54 @@ return stockade.policy {
         assert all(t["inputSchema"]["type"] == "object" for t in tools)
     finally:
         assert m.close() == 0
+
+
+def write_policy(state_dir, name, timeouts):
+    path = os.path.join(state_dir, name)
+    with open(POLICY) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text.replace('timeouts = { call = "10s", grace = "500ms" }', timeouts))
+    return path
+
+
+def call(m, i, tool, argv):
+    return m.request({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                      "params": {"name": tool, "arguments": {"argv": argv}}})["result"]
+
+
+def test_the_fuse_is_the_connections_whole_budget(stockade, state_dir):
+    policy = write_policy(state_dir, "fuse.lua",
+                          'timeouts = { call = "1s", call_max = "30s", fuse = "2s", grace = "100ms" }')
+    m = Mcp(stockade, state_dir, policy=policy)
+    try:
+        m.initialize()
+        assert call(m, 1, "echo", ["x"])["structuredContent"]["class"] == "OK"
+        # short calls until the 2s fuse fires under one of them
+        for i in range(2, 12):
+            sc = call(m, i, "sh", ["-c", "sleep 0.6"])["structuredContent"]
+            if sc["class"] != "OK":
+                break
+        assert (sc["class"], sc["layer"]) == ("SESSION_EXPIRED", "fuse")
+        m.wait_log("expired (fuse)")
+        # no fresh session: every later call is refused the same way
+        r = call(m, 20, "echo", ["again"])
+        assert r["isError"] is True
+        assert (r["structuredContent"]["class"], r["structuredContent"]["layer"]) == \
+            ("SESSION_EXPIRED", "fuse")
+        assert "fuse" in r["content"][0]["text"]
+    finally:
+        assert m.close() == 0
+
+
+def test_a_lapsed_lease_opens_a_fresh_session(stockade, state_dir):
+    m = Mcp(stockade, state_dir, "--session-ttl", "300ms")
+    try:
+        m.initialize()
+        first = call(m, 1, "sh", ["-c", "echo $SESSION_ID"])["content"][0]["text"]
+        m.wait_log("expired (ttl)")
+        second = call(m, 2, "sh", ["-c", "echo $SESSION_ID"])
+        assert second["structuredContent"]["class"] == "OK"
+        assert second["content"][0]["text"] != first
+    finally:
+        assert m.close() == 0
