@@ -582,12 +582,17 @@ bool call_decide(struct policy *policy, const char *session_id, const char *sess
         return false;
     }
     d->depth = depth;
-    if (req->deadline_ms > 0 && req->deadline_ms < policy->timeouts.deadline_min_ms) {
+    if (req->has_deadline &&
+        (req->deadline_ms <= 0 || req->deadline_ms < policy->timeouts.deadline_min_ms)) {
         d->class = CLASS_DEADLINE_EXCEEDED;
         d->layer = "deadline";
-        d->message = xasprintf("deadline of %lld ms is below the policy's minimum of %lld ms",
-                               (long long)req->deadline_ms,
-                               (long long)policy->timeouts.deadline_min_ms);
+        if (req->deadline_ms <= 0)
+            d->message = xasprintf("deadline of %lld ms: the caller's budget is already spent",
+                                   (long long)req->deadline_ms);
+        else
+            d->message = xasprintf("deadline of %lld ms is below the policy's minimum of %lld ms",
+                                   (long long)req->deadline_ms,
+                                   (long long)policy->timeouts.deadline_min_ms);
         return false;
     }
     struct policy_call_view view = {req->tool, req->argv, req->argc, session_id, session_root,

@@ -42,7 +42,8 @@ struct call_request {
     char *stdin_data;
     size_t stdin_len;
     int64_t timeout_ms;         /* 0: the tool's timeout */
-    int64_t deadline_ms;        /* 0: none */
+    int64_t deadline_ms;        /* the caller's remaining budget, when has_deadline */
+    bool has_deadline;
     int64_t depth;              /* -1: the policy's default */
     bool idempotent_hint;
     bool stream;

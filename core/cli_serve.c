@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <getopt.h>
+#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,8 @@
 
 static const char serve_usage[] =
     "usage: stockade serve [--policy FILE] [--state-dir DIR] [--listen unix:PATH]\n"
-    "                      [--allow-uid UID]... [--max-message SIZE] [--drain-timeout DUR]\n"
+    "                      [--allow-uid UID]... [--admin-uid UID]... [--socket-mode MODE]\n"
+    "                      [--socket-group GROUP] [--max-message SIZE] [--drain-timeout DUR]\n"
     "                      [--uid-range FIRST-LAST] [--log FILE] [--log-level LEVEL]\n"
     "                      [--metrics FILE] [--metrics-interval DUR] [--debug-hooks]\n"
     "Speaks MessagePack-RPC (PROTOCOL.md) on stdin/stdout, or on a Unix socket.\n"
@@ -53,6 +55,17 @@ void cli_opt_uid_range(const char *range, struct uid_range *out)
         die("--uid-range: expected FIRST-LAST with 0 < FIRST <= LAST, got '%s'", range);
 }
 
+static void add_uid(const char *flag, const char *arg, uid_t *uids, size_t *n)
+{
+    char *end;
+    unsigned long u = strtoul(arg, &end, 10);
+    if (*end || !*arg || u > 0xfffffffeUL)
+        die("%s: not a uid: '%s'", flag, arg);
+    if (*n == 16)
+        die("%s: at most 16", flag);
+    uids[(*n)++] = (uid_t)u;
+}
+
 int cli_serve(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -62,7 +75,8 @@ int cli_serve(int argc, char **argv)
         {"uid-range", required_argument, 0, 'u'}, {"verbose", no_argument, 0, 'v'},
         {"log", required_argument, 0, 'L'}, {"log-level", required_argument, 0, 'E'},
         {"metrics", required_argument, 0, 'M'}, {"metrics-interval", required_argument, 0, 'I'},
-        {"debug-hooks", no_argument, 0, 'D'},
+        {"debug-hooks", no_argument, 0, 'D'}, {"admin-uid", required_argument, 0, 'A'},
+        {"socket-mode", required_argument, 0, 'S'}, {"socket-group", required_argument, 0, 'G'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     struct server_opts o = {
@@ -70,6 +84,8 @@ int cli_serve(int argc, char **argv)
         .max_message = RPC_MAX_MESSAGE_DEFAULT,
         .drain_ms = 10000,
         .uids = UID_RANGE_DEFAULT,
+        .socket_mode = 0600,
+        .socket_gid = (gid_t)-1,
     };
     const char *state_flag = NULL;
     int64_t v;
@@ -86,14 +102,32 @@ int cli_serve(int argc, char **argv)
                 die("--listen: expected unix:PATH, got '%s'", optarg);
             o.listen_path = optarg + 5;
             break;
-        case 'a': {
+        case 'a':
+            add_uid("--allow-uid", optarg, o.allow_uids, &o.n_allow_uids);
+            break;
+        case 'A':
+            add_uid("--admin-uid", optarg, o.admin_uids, &o.n_admin_uids);
+            break;
+        case 'S': {
             char *end;
-            unsigned long u = strtoul(optarg, &end, 10);
-            if (*end || !*optarg || u > 0xfffffffeUL)
-                die("--allow-uid: not a uid: '%s'", optarg);
-            if (o.n_allow_uids == ARRAY_LEN(o.allow_uids))
-                die("--allow-uid: at most %zu", ARRAY_LEN(o.allow_uids));
-            o.allow_uids[o.n_allow_uids++] = (uid_t)u;
+            unsigned long m = strtoul(optarg, &end, 8);
+            /* the owner keeps read-write; nothing beyond rw for group and others */
+            if (*end || !*optarg || m > 0777 || (m & 0600) != 0600 || (m & 0111))
+                die("--socket-mode: expected an octal mode such as 0660 (rw for the owner, "
+                    "no x bits), got '%s'", optarg);
+            o.socket_mode = (mode_t)m;
+            break;
+        }
+        case 'G': {
+            struct group *g = getgrnam(optarg);
+            char *end;
+            unsigned long gid = strtoul(optarg, &end, 10);
+            if (g)
+                o.socket_gid = g->gr_gid;
+            else if (!*end && *optarg && gid < 0xffffffffUL)
+                o.socket_gid = (gid_t)gid;
+            else
+                die("--socket-group: no such group: '%s'", optarg);
             break;
         }
         case 'm': o.max_message = cli_opt_max_message(optarg); break;
@@ -123,6 +157,8 @@ int cli_serve(int argc, char **argv)
         o.policy_path = "/etc/stockade/policy.lua";
     if (o.n_allow_uids == 0)
         o.allow_uids[o.n_allow_uids++] = geteuid();
+    if (o.n_admin_uids == 0)
+        o.admin_uids[o.n_admin_uids++] = geteuid();
     char *state_dir = root_state_dir(state_flag);
     if (!state_dir)
         die("no state dir: pass --state-dir, or set STOCKADE_STATE_DIR or XDG_RUNTIME_DIR");

@@ -378,15 +378,10 @@ void rpc_pack_kv_bool(msgpack_packer *pk, const char *k, bool v)
         msgpack_pack_false(pk);
 }
 
-void rpc_send_error(struct rpc_conn *c, uint32_t msgid, const char *class, bool retryable,
-                    const char *message, const char *layer)
+static void send_error_map(struct rpc_conn *c, const char *class, bool retryable,
+                           const char *message, const char *layer)
 {
-    if (c->closed)
-        return;
     msgpack_packer *pk = &c->pk;
-    msgpack_pack_array(pk, 4);
-    msgpack_pack_int(pk, 1);
-    msgpack_pack_uint32(pk, msgid);
     msgpack_pack_map(pk, 4);
     rpc_pack_kv_str(pk, "class", class);
     rpc_pack_kv_bool(pk, "retryable", retryable);
@@ -394,6 +389,28 @@ void rpc_send_error(struct rpc_conn *c, uint32_t msgid, const char *class, bool 
     rpc_pack_kv_str(pk, "layer", layer);
     msgpack_pack_nil(pk);
     rpc_conn_flush(c);
+}
+
+void rpc_send_error(struct rpc_conn *c, uint32_t msgid, const char *class, bool retryable,
+                    const char *message, const char *layer)
+{
+    if (c->closed)
+        return;
+    msgpack_pack_array(&c->pk, 4);
+    msgpack_pack_int(&c->pk, 1);
+    msgpack_pack_uint32(&c->pk, msgid);
+    send_error_map(c, class, retryable, message, layer);
+}
+
+void rpc_send_error_echo(struct rpc_conn *c, const msgpack_object *msgid, const char *class,
+                         bool retryable, const char *message, const char *layer)
+{
+    if (c->closed)
+        return;
+    msgpack_pack_array(&c->pk, 4);
+    msgpack_pack_int(&c->pk, 1);
+    msgpack_pack_object(&c->pk, *msgid);
+    send_error_map(c, class, retryable, message, layer);
 }
 
 /* ---- reading ---------------------------------------------------------------------- */

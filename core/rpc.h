@@ -83,6 +83,10 @@ void rpc_pack_key(msgpack_packer *pk, const char *k);
 /* [1, msgid, error, nil] with an error map; class/message/layer as in PROTOCOL.md. */
 void rpc_send_error(struct rpc_conn *c, uint32_t msgid, const char *class, bool retryable,
                     const char *message, const char *layer);
+/* The same, echoing a msgid that is not a uint32 as it was sent (PROTOCOL.md: such a
+ * request is still answered, so that its client does not wait forever). */
+void rpc_send_error_echo(struct rpc_conn *c, const msgpack_object *msgid, const char *class,
+                         bool retryable, const char *message, const char *layer);
 
 /* Reading params: a key in a map, or NULL. */
 const msgpack_object *rpc_map_get(const msgpack_object *map, const char *key);

@@ -25,6 +25,15 @@
 #define STOCKADE_VERSION "0.1.0"
 #define LATENCY_SAMPLES 1024
 #define CLASS_COUNT (CLASS_INTERNAL + 1)
+#define PROTOCOL_VERSION 2
+/* Any duration a client sends is capped here before it meets a clock: 2^40 ms is about
+ * 34 years, far beyond every policy's limits, and wall_ms() + it cannot overflow. */
+#define DURATION_MAX_MS (INT64_C(1) << 40)
+/* A session that ended is remembered this long (at most ENDED_KEEP of them), so that a
+ * late request learns it expired and a second close is answered rather than refused. */
+#define ENDED_KEEP 1024
+#define ENDED_KEEP_MS (10 * 60 * 1000)
+#define LABELS_MAX 32
 
 struct srv_conn;
 struct srv_session;
@@ -55,6 +64,7 @@ struct srv_session {
     ev_timer lease, fuse;
     int64_t ttl_ms;
     int64_t expires_at_ms, fuse_at_ms;  /* wall clock, for clients */
+    char **labels;                  /* key, value, key, value, ..., NULL: the client's */
     unsigned ncalls;
     bool ending;
     const char *end_layer;          /* "fuse" / "ttl" when it expired, NULL when closed */
@@ -67,6 +77,7 @@ struct srv_conn {
     struct rpc_conn *rpc;
     struct server *srv;
     uid_t uid;
+    bool admin;                     /* may reload the policy: the spawner, or --admin-uid */
     struct srv_conn *next;
 };
 
@@ -75,6 +86,13 @@ struct tool_latency {
     int64_t samples[LATENCY_SAMPLES];
     size_t n, pos;
     struct tool_latency *next;
+};
+
+struct ended_session {
+    char id[65];                    /* "" when the slot is free */
+    uid_t owner_uid;
+    const char *layer;              /* "fuse" / "ttl" when it expired, NULL when closed */
+    int64_t at_ms;                  /* monotonic */
 };
 
 struct server {
@@ -110,6 +128,8 @@ struct server {
     struct zygote *spawner;         /* makes process-isolation calls' shims ahead of time */
     void (*on_reload)(void *ud);    /* told after a policy reload (`stockade mcp`) */
     void *on_reload_ud;
+    struct ended_session ended[ENDED_KEEP];  /* a ring, the oldest overwritten first */
+    size_t ended_next;
 };
 
 /* ---- small helpers ------------------------------------------------------------------ */
@@ -128,6 +148,7 @@ static void send_notification_begin(struct srv_conn *conn, const char *method, u
     msgpack_pack_array(pk, 3);
     msgpack_pack_int(pk, 2);
     rpc_pack_str(pk, method);
+    msgpack_pack_array(pk, 1);      /* the arguments: one, a map (protocol 2) */
     msgpack_pack_map(pk, nfields);
 }
 
@@ -152,6 +173,242 @@ static void bad_request(struct srv_conn *conn, uint32_t msgid, const char *fmt, 
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     rpc_send_error(conn->rpc, msgid, "BAD_REQUEST", false, msg, NULL);
+}
+
+/* ---- params: typed readers ---------------------------------------------------------- */
+
+/* A request's argument map, read key by key in the manner of OpenSMTPD's m_get_*: each
+ * reader names its key, checks the type and extracts in one step. The first failure
+ * answers BAD_REQUEST naming the key, and every later reader returns false at once;
+ * params_end then refuses any key no reader asked for (protocol 2's strict params: a
+ * typo such as `deadline` must not run the call without its deadline). Values a reader
+ * allocates are the caller's, also when a later reader fails. */
+#define PARAMS_MAX_KEYS 16
+struct params {
+    struct srv_conn *conn;
+    uint32_t msgid;
+    const msgpack_object *map;      /* NULL: no argument */
+    const char *known[PARAMS_MAX_KEYS];
+    size_t nknown;
+    bool failed;
+};
+
+static void params_begin(struct params *p, struct srv_conn *conn, uint32_t msgid,
+                         const msgpack_object *map)
+{
+    memset(p, 0, sizeof *p);
+    p->conn = conn;
+    p->msgid = msgid;
+    p->map = map && map->type == MSGPACK_OBJECT_MAP ? map : NULL;
+}
+
+static bool param_fail(struct params *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool param_fail(struct params *p, const char *fmt, ...)
+{
+    if (!p->failed) {
+        char msg[512];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        rpc_send_error(p->conn->rpc, p->msgid, "BAD_REQUEST", false, msg, NULL);
+        p->failed = true;
+    }
+    return false;
+}
+
+/* The value of `key` (nil counts as absent), and the key is now one the method knows. */
+static const msgpack_object *param_get(struct params *p, const char *key)
+{
+    if (p->nknown < PARAMS_MAX_KEYS)
+        p->known[p->nknown++] = key;
+    const msgpack_object *o = rpc_map_get(p->map, key);
+    return o && o->type != MSGPACK_OBJECT_NIL ? o : NULL;
+}
+
+static bool str_has_nul(const msgpack_object *o)
+{
+    return memchr(o->via.str.ptr, 0, o->via.str.size) != NULL;
+}
+
+/* An integer in [min, max]; *present false (and *out untouched) when absent. */
+static bool param_int(struct params *p, const char *key, int64_t min, int64_t max, int64_t *out,
+                      bool *present)
+{
+    *present = false;
+    if (p->failed)
+        return false;
+    const msgpack_object *o = param_get(p, key);
+    if (!o)
+        return true;
+    int64_t v;
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+        v = o->via.u64 > INT64_MAX ? INT64_MAX : (int64_t)o->via.u64;
+    else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+        v = o->via.i64;
+    else
+        return param_fail(p, "%s: expected an integer", key);
+    if (v < min || v > max || (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 > INT64_MAX))
+        return param_fail(p, "%s: expected an integer from %lld to %lld", key, (long long)min,
+                          (long long)max);
+    *out = v;
+    *present = true;
+    return true;
+}
+
+/* A duration in ms: positive, capped at DURATION_MAX_MS rather than refused. */
+static bool param_ms(struct params *p, const char *key, int64_t *out, bool *present)
+{
+    if (!param_int(p, key, 1, INT64_MAX, out, present))
+        return false;
+    if (*present && *out > DURATION_MAX_MS)
+        *out = DURATION_MAX_MS;
+    return true;
+}
+
+/* A str without NUL bytes, copied; *out NULL when absent and not required. */
+static bool param_str(struct params *p, const char *key, bool required, char **out)
+{
+    *out = NULL;
+    if (p->failed)
+        return false;
+    const msgpack_object *o = param_get(p, key);
+    if (!o)
+        return required ? param_fail(p, "%s: required string", key) : true;
+    if (o->type != MSGPACK_OBJECT_STR || str_has_nul(o))
+        return param_fail(p, "%s: expected a string without NUL bytes", key);
+    *out = rpc_obj_strdup(o);
+    return true;
+}
+
+/* An array of str without NUL bytes, copied into a NULL-terminated vector (*n entries);
+ * absent: *out NULL. */
+static bool param_strv(struct params *p, const char *key, char ***out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (p->failed)
+        return false;
+    const msgpack_object *o = param_get(p, key);
+    if (!o)
+        return true;
+    if (o->type != MSGPACK_OBJECT_ARRAY)
+        return param_fail(p, "%s: expected an array of strings", key);
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        const msgpack_object *e = &o->via.array.ptr[i];
+        if (e->type != MSGPACK_OBJECT_STR || str_has_nul(e))
+            return param_fail(p, "%s[%u]: expected a string without NUL bytes", key, i);
+    }
+    *out = xcalloc(o->via.array.size + 1, sizeof **out);
+    for (uint32_t i = 0; i < o->via.array.size; i++)
+        (*out)[i] = rpc_obj_strdup(&o->via.array.ptr[i]);
+    *n = o->via.array.size;
+    return true;
+}
+
+/* A map, borrowed from the message (valid while the request is handled); NULL absent. */
+static bool param_map(struct params *p, const char *key, const msgpack_object **out)
+{
+    *out = NULL;
+    if (p->failed)
+        return false;
+    const msgpack_object *o = param_get(p, key);
+    if (o && o->type != MSGPACK_OBJECT_MAP)
+        return param_fail(p, "%s: expected a map", key);
+    *out = o;
+    return true;
+}
+
+/* A map of str to str without NUL bytes, at most `max` pairs, each at most `max_len`
+ * bytes; copied as key, value, key, value, ..., NULL. Absent: *out NULL. */
+static bool param_strmap(struct params *p, const char *key, uint32_t max, size_t max_len,
+                         char ***out)
+{
+    const msgpack_object *m;
+    *out = NULL;
+    if (!param_map(p, key, &m))
+        return false;
+    if (!m)
+        return true;
+    if (m->via.map.size > max)
+        return param_fail(p, "%s: at most %u entries", key, max);
+    for (uint32_t i = 0; i < m->via.map.size; i++) {
+        const msgpack_object_kv *kv = &m->via.map.ptr[i];
+        if (kv->key.type != MSGPACK_OBJECT_STR || kv->val.type != MSGPACK_OBJECT_STR ||
+            str_has_nul(&kv->key) || str_has_nul(&kv->val) || kv->key.via.str.size == 0)
+            return param_fail(p, "%s: expected a map of strings to strings", key);
+        if (kv->key.via.str.size > max_len || kv->val.via.str.size > max_len)
+            return param_fail(p, "%s: keys and values of at most %zu bytes", key, max_len);
+    }
+    *out = xcalloc(2 * (size_t)m->via.map.size + 1, sizeof **out);
+    for (uint32_t i = 0; i < m->via.map.size; i++) {
+        (*out)[2 * i] = rpc_obj_strdup(&m->via.map.ptr[i].key);
+        (*out)[2 * i + 1] = rpc_obj_strdup(&m->via.map.ptr[i].val);
+    }
+    return true;
+}
+
+/* Bytes: bin (or str, which some msgpack libraries send for byte strings), copied. */
+static bool param_bin(struct params *p, const char *key, char **data, size_t *len)
+{
+    *data = NULL;
+    *len = 0;
+    if (p->failed)
+        return false;
+    const msgpack_object *o = param_get(p, key);
+    if (!o)
+        return true;
+    if (o->type != MSGPACK_OBJECT_BIN && o->type != MSGPACK_OBJECT_STR)
+        return param_fail(p, "%s: expected bin", key);
+    size_t n = o->type == MSGPACK_OBJECT_BIN ? o->via.bin.size : o->via.str.size;
+    *data = xmalloc(n ? n : 1);
+    if (n)
+        memcpy(*data, o->type == MSGPACK_OBJECT_BIN ? o->via.bin.ptr : o->via.str.ptr, n);
+    *len = n;
+    return true;
+}
+
+static bool param_bool(struct params *p, const char *key, bool *out)
+{
+    *out = false;
+    if (p->failed)
+        return false;
+    const msgpack_object *o = param_get(p, key);
+    if (o && o->type != MSGPACK_OBJECT_BOOLEAN)
+        return param_fail(p, "%s: expected a boolean", key);
+    *out = o && o->via.boolean;
+    return true;
+}
+
+/* Every key was read by a reader, once: true, or false with BAD_REQUEST sent. */
+static bool params_end(struct params *p)
+{
+    if (p->failed || !p->map)
+        return !p->failed;
+    uint32_t seen = 0;
+    for (uint32_t i = 0; i < p->map->via.map.size; i++) {
+        const msgpack_object *k = &p->map->via.map.ptr[i].key;
+        if (k->type != MSGPACK_OBJECT_STR)
+            return param_fail(p, "params: every key must be a string");
+        size_t j = 0;
+        while (j < p->nknown && !(strlen(p->known[j]) == k->via.str.size &&
+                                  memcmp(p->known[j], k->via.str.ptr, k->via.str.size) == 0))
+            j++;
+        int shown = (int)(k->via.str.size > 64 ? 64 : k->via.str.size);
+        if (j == p->nknown) {
+            char list[256] = "";
+            size_t off = 0;
+            for (size_t m = 0; m < p->nknown && off < sizeof list; m++)
+                off += (size_t)snprintf(list + off, sizeof list - off, "%s%s", m ? ", " : "",
+                                        p->known[m]);
+            return param_fail(p, "%.*s: unknown parameter (this method takes: %s)", shown,
+                              k->via.str.ptr, p->nknown ? list : "none");
+        }
+        if (seen & (1u << j))
+            return param_fail(p, "%.*s: given twice", shown, k->via.str.ptr);
+        seen |= 1u << j;
+    }
+    return true;
 }
 
 static int count_fds(void)
@@ -208,6 +465,88 @@ static int cmp_i64(const void *a, const void *b)
 
 static void session_finish(struct srv_session *ss);
 
+static void ended_forget(struct server *srv, const char *id)
+{
+    for (size_t i = 0; i < ENDED_KEEP; i++)
+        if (strcmp(srv->ended[i].id, id) == 0)
+            srv->ended[i].id[0] = 0;
+}
+
+static void ended_remember(struct server *srv, const struct srv_session *ss)
+{
+    ended_forget(srv, ss->s->id);
+    struct ended_session *e = &srv->ended[srv->ended_next];
+    srv->ended_next = (srv->ended_next + 1) % ENDED_KEEP;
+    snprintf(e->id, sizeof e->id, "%s", ss->s->id);
+    e->owner_uid = ss->owner_uid;
+    e->layer = ss->end_layer;
+    e->at_ms = now_ms();
+}
+
+/* The session `id` that `uid` owned and that ended within ENDED_KEEP_MS, or NULL. */
+static const struct ended_session *ended_find(const struct server *srv, const char *id, uid_t uid)
+{
+    int64_t now = now_ms();
+    for (size_t i = 0; i < ENDED_KEEP; i++) {
+        const struct ended_session *e = &srv->ended[i];
+        if (e->id[0] && e->owner_uid == uid && now - e->at_ms <= ENDED_KEEP_MS &&
+            strcmp(e->id, id) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+/* `"labels":{...}` for a log record (nothing when the session has none). */
+static void labels_json(struct buf *f, char **labels)
+{
+    if (!labels)
+        return;
+    buf_append_lit(f, ",\"labels\":{");
+    for (char **l = labels; *l; l += 2) {
+        if (l != labels)
+            buf_append_lit(f, ",");
+        json_cstr(f, l[0]);
+        buf_append_lit(f, ":");
+        json_cstr(f, l[1]);
+    }
+    buf_append_lit(f, "}");
+}
+
+static void pairs_free(char **labels)
+{
+    for (char **l = labels; l && *l; l++)
+        free(*l);
+    free(labels);
+}
+
+static void labels_pack(msgpack_packer *pk, char **labels)
+{
+    size_t n = 0;
+    for (char **l = labels; l && *l; l += 2)
+        n++;
+    msgpack_pack_map(pk, n);
+    for (char **l = labels; l && *l; l += 2)
+        rpc_pack_kv_str(pk, l[0], l[1]);
+}
+
+/* A session's record in the log: opened, closed or expired (with the layer). */
+static void log_session(const struct srv_session *ss, const char *event)
+{
+    if (log_threshold < LOG_INFO)
+        return;
+    struct buf f = {0};
+    buf_append_lit(&f, "\"event\":\"session\",\"session\":");
+    json_cstr(&f, ss->s->id);
+    buf_printf(&f, ",\"state\":\"%s\",\"uid\":%u", event, (unsigned)ss->owner_uid);
+    if (ss->end_layer) {
+        buf_append_lit(&f, ",\"layer\":");
+        json_cstr(&f, ss->end_layer);
+    }
+    labels_json(&f, ss->labels);
+    log_json_line("info", f.data);
+    buf_free(&f);
+}
+
 static void session_end(struct srv_session *ss, const char *layer)
 {
     if (ss->ending)
@@ -241,6 +580,8 @@ static void session_finish(struct srv_session *ss)
         }
     }
     srv->nsessions--;
+    ended_remember(srv, ss);
+    log_session(ss, ss->end_layer ? "expired" : "closed");
     char *id = xstrdup(ss->s->id);
     bool removed = session_close(ss->s) == 0;
     if (ss->end_layer && ss->owner) {
@@ -260,9 +601,8 @@ static void session_finish(struct srv_session *ss)
         }
         free(w);
     }
-    if (ss->end_layer)
-        LOG_I("session %s expired (%s)", id, ss->end_layer);
     free(id);
+    pairs_free(ss->labels);
     free(ss);
 }
 
@@ -299,45 +639,6 @@ static void pack_session_info(msgpack_packer *pk, const struct srv_session *ss)
     rpc_pack_kv_int(pk, "fuse_at_ms", ss->fuse_at_ms);
 }
 
-/* Optional non-negative integer param; false (and an answer sent) when malformed. */
-static bool param_int(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params,
-                      const char *key, int64_t *out, bool *present)
-{
-    const msgpack_object *o = rpc_map_get(params, key);
-    *present = false;
-    if (!o || o->type == MSGPACK_OBJECT_NIL)
-        return true;
-    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT64_MAX) {
-        *out = (int64_t)o->via.u64;
-    } else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
-        *out = o->via.i64;
-    } else {
-        bad_request(conn, msgid, "%s: expected an integer", key);
-        return false;
-    }
-    *present = true;
-    return true;
-}
-
-/* session.open's optional session_id: false (and an answer sent) when malformed; else
- * *id is the id (malloc'd) or NULL (none asked for). */
-static bool session_id_param(struct srv_conn *conn, uint32_t msgid, const msgpack_object *idobj,
-                             char **id)
-{
-    *id = NULL;
-    if (!idobj || idobj->type == MSGPACK_OBJECT_NIL)
-        return true;
-    *id = rpc_obj_is_str(idobj) ? rpc_obj_strdup(idobj) : NULL;
-    if (!*id || !root_id_valid(*id) || strlen(*id) != idobj->via.str.size) {
-        free(*id);
-        *id = NULL;
-        bad_request(conn, msgid,
-                    "session_id: expected a string matching [A-Za-z0-9][A-Za-z0-9_.-]{0,63}");
-        return false;
-    }
-    return true;
-}
-
 /* Reattach: the same uid may pick up its session on another connection. */
 static void session_reattach(struct srv_conn *conn, uint32_t msgid, struct srv_session *ss)
 {
@@ -353,42 +654,47 @@ static void session_reattach(struct srv_conn *conn, uint32_t msgid, struct srv_s
 }
 
 /* A new session (id NULL: a random one) with its isolation, its lease (ttl_ms) and its
- * fuse (fuse_ms, at most the policy's); 0: the policy's. Answers either way. */
+ * fuse (fuse_ms, at most the policy's); 0: the policy's. `labels` (key, value, ...,
+ * NULL, or NULL) become the session's, or are freed. Answers either way. */
 static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id,
-                           int64_t ttl_ms, int64_t fuse_ms)
+                           int64_t ttl_ms, int64_t fuse_ms, char **labels)
 {
     struct server *srv = conn->srv;
+    char *err = NULL;
+    struct session *s = NULL;
     if (srv->draining) {
         rpc_send_error(conn->rpc, msgid, "OVERLOADED", true, "the server is shutting down", NULL);
-        return;
-    }
-    if ((int64_t)srv->nsessions >= srv->policy->limits.sessions) {
+    } else if ((int64_t)srv->nsessions >= srv->policy->limits.sessions) {
         char msg[128];
         snprintf(msg, sizeof msg, "session limit reached (%u open)", srv->nsessions);
         rpc_send_error(conn->rpc, msgid, "OVERLOADED", true, msg, NULL);
-        return;
-    }
-    char *err = NULL;
-    struct session *s = session_open(srv->state_dir, id, false, srv->opts->uids, &err);
-    if (s && !session_isolate(s, srv->policy, srv->spawner, &err)) {
-        session_close(s);
-        s = NULL;
-        errno = 0;
+    } else {
+        s = session_open(srv->state_dir, id, false, srv->opts->uids, &err);
+        if (s && !session_isolate(s, srv->policy, srv->spawner, &err)) {
+            session_close(s);
+            s = NULL;
+            errno = 0;
+        }
+        if (!s) {
+            rpc_send_error(conn->rpc, msgid, errno == EEXIST ? "BAD_REQUEST" : "INTERNAL",
+                           false, err, NULL);
+            LOG_W("session.open: %s", err);
+            free(err);
+        }
     }
     if (!s) {
-        rpc_send_error(conn->rpc, msgid, errno == EEXIST ? "BAD_REQUEST" : "INTERNAL", false,
-                       err, NULL);
-        LOG_W("session.open: %s", err);
-        free(err);
+        pairs_free(labels);
         return;
     }
+    ended_forget(srv, s->id);
     const struct policy_timeouts *to = &srv->policy->timeouts;
     struct srv_session *ss = xcalloc(1, sizeof *ss);
     ss->s = s;
     ss->srv = srv;
     ss->owner = conn;
     ss->owner_uid = conn->uid;
-    ss->ttl_ms = ttl_ms > 0 ? ttl_ms : to->lease_ms;
+    ss->labels = labels;
+    ss->ttl_ms = ttl_ms > 0 ? ttl_ms : to->lease_ms;    /* at most DURATION_MAX_MS: no wrap */
     fuse_ms = fuse_ms > 0 && fuse_ms < to->fuse_ms ? fuse_ms : to->fuse_ms;
     ev_timer_init(&ss->lease, on_lease, 0, (double)ss->ttl_ms / 1000.0);
     ev_timer_init(&ss->fuse, on_fuse, (double)fuse_ms / 1000.0, 0);
@@ -399,6 +705,7 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
     ss->next = srv->sessions;
     srv->sessions = ss;
     srv->nsessions++;
+    log_session(ss, "opened");
     msgpack_packer *pk = result_begin(conn, msgid, 4);
     pack_session_info(pk, ss);
     rpc_conn_flush(conn->rpc);
@@ -406,57 +713,74 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
 
 static void m_session_open(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
+    struct params p;
+    params_begin(&p, conn, msgid, params);
+    char *id = NULL, **labels = NULL;
     int64_t ttl = 0, fuse = 0;
     bool has_ttl, has_fuse;
-    if (!param_int(conn, msgid, params, "ttl_ms", &ttl, &has_ttl) ||
-        !param_int(conn, msgid, params, "fuse_ms", &fuse, &has_fuse))
-        return;
-    if ((has_ttl && ttl <= 0) || (has_fuse && fuse <= 0)) {
-        bad_request(conn, msgid, "ttl_ms and fuse_ms must be positive");
-        return;
+    bool ok = param_str(&p, "session_id", false, &id) && param_ms(&p, "ttl_ms", &ttl, &has_ttl) &&
+              param_ms(&p, "fuse_ms", &fuse, &has_fuse) &&
+              param_strmap(&p, "labels", LABELS_MAX, 256, &labels) && params_end(&p);
+    if (ok && id && !root_id_valid(id))
+        ok = param_fail(&p, "session_id: expected a string matching [A-Za-z0-9][A-Za-z0-9_.-]{0,63}");
+    struct srv_session *ss = ok && id ? session_find(conn->srv, id) : NULL;
+    if (!ok || ss) {
+        if (ss)
+            session_reattach(conn, msgid, ss);
+        pairs_free(labels);
+    } else {
+        session_create(conn, msgid, id, has_ttl ? ttl : 0, has_fuse ? fuse : 0, labels);
     }
-    const msgpack_object *labels = rpc_map_get(params, "labels");
-    if (labels && labels->type != MSGPACK_OBJECT_MAP && labels->type != MSGPACK_OBJECT_NIL) {
-        bad_request(conn, msgid, "labels: expected a map");
-        return;
-    }
-    char *id;
-    if (!session_id_param(conn, msgid, rpc_map_get(params, "session_id"), &id))
-        return;
-    struct srv_session *ss = id ? session_find(conn->srv, id) : NULL;
-    if (ss)
-        session_reattach(conn, msgid, ss);
-    else
-        session_create(conn, msgid, id, has_ttl ? ttl : 0, has_fuse ? fuse : 0);
     free(id);
 }
 
-/* The session a request names, touched; NULL (and an answer sent) otherwise. */
-static struct srv_session *session_param(struct srv_conn *conn, uint32_t msgid,
-                                         const msgpack_object *params)
+/* The live session `id` of this connection's uid, touched; NULL (and an answer sent)
+ * otherwise: SESSION_EXPIRED with its layer when it expired lately, else NO_SUCH_SESSION. */
+static struct srv_session *session_lookup(struct srv_conn *conn, uint32_t msgid, const char *id)
 {
-    const msgpack_object *o = rpc_map_get(params, "session_id");
-    if (!rpc_obj_is_str(o)) {
-        bad_request(conn, msgid, "session_id: required string");
-        return NULL;
-    }
-    char *id = rpc_obj_strdup(o);
     struct srv_session *ss = session_find(conn->srv, id);
-    if (!ss || ss->ending || ss->owner_uid != conn->uid) {
-        char msg[160];
+    if (ss && ss->owner_uid == conn->uid && !ss->ending) {
+        session_touch(ss);
+        return ss;
+    }
+    const char *layer = NULL;
+    if (ss && ss->owner_uid == conn->uid)
+        layer = ss->end_layer;              /* still ending: expired, or being closed */
+    else if (!ss) {
+        const struct ended_session *e = ended_find(conn->srv, id, conn->uid);
+        layer = e ? e->layer : NULL;
+    }
+    char msg[160];
+    if (layer) {
+        snprintf(msg, sizeof msg, "session %.64s expired (%s)", id, layer);
+        rpc_send_error(conn->rpc, msgid, "SESSION_EXPIRED", false, msg, layer);
+    } else {
         snprintf(msg, sizeof msg, "no such session: %.64s", id);
         rpc_send_error(conn->rpc, msgid, "NO_SUCH_SESSION", false, msg, NULL);
-        free(id);
+    }
+    return NULL;
+}
+
+/* Methods whose only parameter is the session: the session, or NULL with an answer sent. */
+static struct srv_session *session_only_param(struct srv_conn *conn, uint32_t msgid,
+                                              const msgpack_object *params, char **id)
+{
+    struct params p;
+    params_begin(&p, conn, msgid, params);
+    if (!param_str(&p, "session_id", true, id) || !params_end(&p)) {
+        free(*id);
+        *id = NULL;
         return NULL;
     }
-    free(id);
-    session_touch(ss);
-    return ss;
+    return session_find(conn->srv, *id);
 }
 
 static void m_session_renew(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
-    struct srv_session *ss = session_param(conn, msgid, params);
+    char *id = NULL;
+    session_only_param(conn, msgid, params, &id);
+    struct srv_session *ss = id ? session_lookup(conn, msgid, id) : NULL;
+    free(id);
     if (!ss)
         return;
     msgpack_packer *pk = result_begin(conn, msgid, 1);
@@ -464,17 +788,32 @@ static void m_session_renew(struct srv_conn *conn, uint32_t msgid, const msgpack
     rpc_conn_flush(conn->rpc);
 }
 
+/* Idempotent: a session of this uid that already ended answers {removed: false,
+ * calls_killed: 0}; one being closed answers with the first close. */
 static void m_session_close(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
-    struct srv_session *ss = session_param(conn, msgid, params);
-    if (!ss)
+    char *id = NULL;
+    struct srv_session *ss = session_only_param(conn, msgid, params, &id);
+    if (!id)
         return;
-    struct close_waiter *w = xcalloc(1, sizeof *w);
-    w->conn = conn;
-    w->msgid = msgid;
-    w->next = ss->waiters;
-    ss->waiters = w;
-    session_end(ss, NULL);    /* answers now, or when its last call is reaped */
+    if (ss && ss->owner_uid == conn->uid) {
+        struct close_waiter *w = xcalloc(1, sizeof *w);
+        w->conn = conn;
+        w->msgid = msgid;
+        w->next = ss->waiters;
+        ss->waiters = w;
+        session_end(ss, NULL);    /* answers now, or when its last call is reaped */
+    } else if (!ss && ended_find(conn->srv, id, conn->uid)) {
+        msgpack_packer *pk = result_begin(conn, msgid, 2);
+        rpc_pack_kv_bool(pk, "removed", false);
+        rpc_pack_kv_int(pk, "calls_killed", 0);
+        rpc_conn_flush(conn->rpc);
+    } else {
+        char msg[160];
+        snprintf(msg, sizeof msg, "no such session: %.64s", id);
+        rpc_send_error(conn->rpc, msgid, "NO_SUCH_SESSION", false, msg, NULL);
+    }
+    free(id);
 }
 
 /* ---- calls -------------------------------------------------------------------------- */
@@ -542,6 +881,7 @@ static void log_call(const struct srv_call *sc, const struct call *c)
                (long long)r->duration_ms, (long long)r->cpu_ms, c->req.stdin_len, r->out.len,
                r->err.len, (long long)(r->truncated_out + r->truncated_err),
                (long long)r->redactions, c->policy->generation);
+    labels_json(&f, sc->sess->labels);
     log_json_line(r->class == CLASS_INTERNAL ? "error" : "info", f.data);
     buf_free(&f);
 }
@@ -598,110 +938,49 @@ static void on_call_output(struct call *c, enum call_stream s, const char *data,
     rpc_conn_flush(sc->conn->rpc);
 }
 
-static bool parse_call(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params,
-                       struct call_request *req)
+/* The call's params into `req` (owned by the caller: call_request_free, also on false),
+ * and the session it names; false with BAD_REQUEST sent when malformed. */
+static bool parse_call(struct params *p, struct call_request *req, char **session_id)
 {
-    const msgpack_object *tool = rpc_map_get(params, "tool");
-    if (!rpc_obj_is_str(tool) || tool->via.str.size == 0 ||
-        memchr(tool->via.str.ptr, 0, tool->via.str.size)) {
-        bad_request(conn, msgid, "tool: required non-empty string");
-        return false;
-    }
-    const msgpack_object *argv = rpc_map_get(params, "argv");
-    const msgpack_object *args = rpc_map_get(params, "args");
-    bool has_args = args && args->type != MSGPACK_OBJECT_NIL;
-    if (has_args && args->type != MSGPACK_OBJECT_MAP) {
-        bad_request(conn, msgid, "args: expected a map");
-        return false;
-    }
-    if (has_args && argv && argv->type != MSGPACK_OBJECT_NIL) {
-        bad_request(conn, msgid, "argv and args: send one or the other");
-        return false;
-    }
-    const msgpack_object *env = rpc_map_get(params, "env");
-    if (env && env->type != MSGPACK_OBJECT_NIL) {
-        bool ok = env->type == MSGPACK_OBJECT_MAP;
-        for (uint32_t i = 0; ok && i < env->via.map.size; i++) {
-            const msgpack_object_kv *kv = &env->via.map.ptr[i];
-            ok = rpc_obj_is_str(&kv->key) && rpc_obj_is_str(&kv->val) &&
-                 !memchr(kv->key.via.str.ptr, 0, kv->key.via.str.size) &&
-                 !memchr(kv->val.via.str.ptr, 0, kv->val.via.str.size);
-        }
-        if (!ok) {
-            bad_request(conn, msgid, "env: expected a map of strings to strings");
-            return false;
-        }
-    }
-    if (argv && argv->type != MSGPACK_OBJECT_NIL) {
-        if (argv->type != MSGPACK_OBJECT_ARRAY) {
-            bad_request(conn, msgid, "argv: expected an array of strings");
-            return false;
-        }
-        for (uint32_t i = 0; i < argv->via.array.size; i++) {
-            const msgpack_object *a = &argv->via.array.ptr[i];
-            if (!rpc_obj_is_str(a) || memchr(a->via.str.ptr, 0, a->via.str.size)) {
-                bad_request(conn, msgid, "argv[%u]: expected a string without NUL bytes", i);
-                return false;
-            }
-        }
-    }
-    const msgpack_object *in = rpc_map_get(params, "stdin");
-    if (in && in->type != MSGPACK_OBJECT_NIL && in->type != MSGPACK_OBJECT_BIN &&
-        in->type != MSGPACK_OBJECT_STR) {
-        bad_request(conn, msgid, "stdin: expected bin");
-        return false;
-    }
+    memset(req, 0, sizeof *req);
     int64_t timeout = 0, deadline = 0, depth = -1;
     bool has_timeout, has_deadline, has_depth;
-    if (!param_int(conn, msgid, params, "timeout_ms", &timeout, &has_timeout) ||
-        !param_int(conn, msgid, params, "deadline_ms", &deadline, &has_deadline) ||
-        !param_int(conn, msgid, params, "depth", &depth, &has_depth))
+    char **env_pairs = NULL;
+    bool ok = param_str(p, "session_id", true, session_id) &&
+              param_str(p, "tool", true, &req->tool) &&
+              param_strv(p, "argv", &req->argv, &req->argc) &&
+              param_map(p, "args", &req->args) &&
+              param_strmap(p, "env", UINT32_MAX, SIZE_MAX, &env_pairs) &&
+              param_bin(p, "stdin", &req->stdin_data, &req->stdin_len) &&
+              param_ms(p, "timeout_ms", &timeout, &has_timeout) &&
+              param_int(p, "deadline_ms", INT64_MIN, INT64_MAX, &deadline, &has_deadline) &&
+              param_int(p, "depth", INT64_MIN, INT64_MAX, &depth, &has_depth) &&
+              param_bool(p, "idempotent", &req->idempotent_hint) &&
+              param_bool(p, "stream", &req->stream) && params_end(p);
+    if (ok && !req->tool[0])
+        ok = param_fail(p, "tool: required non-empty string");
+    if (ok && req->args && req->argv)
+        ok = param_fail(p, "argv and args: send one or the other");
+    if (!ok) {
+        pairs_free(env_pairs);
         return false;
-    if (has_timeout && timeout <= 0) {
-        bad_request(conn, msgid, "timeout_ms: must be positive");
-        return false;
     }
-    const char *bools[] = {"idempotent", "stream"};
-    bool vals[2] = {false, false};
-    for (size_t i = 0; i < 2; i++) {
-        const msgpack_object *b = rpc_map_get(params, bools[i]);
-        if (b && b->type != MSGPACK_OBJECT_NIL && b->type != MSGPACK_OBJECT_BOOLEAN) {
-            bad_request(conn, msgid, "%s: expected a boolean", bools[i]);
-            return false;
-        }
-        vals[i] = b && b->type == MSGPACK_OBJECT_BOOLEAN && b->via.boolean;
-    }
-
-    memset(req, 0, sizeof *req);
-    req->tool = rpc_obj_strdup(tool);
-    uint32_t n = argv && argv->type == MSGPACK_OBJECT_ARRAY ? argv->via.array.size : 0;
-    req->argv = xcalloc(n + 1, sizeof *req->argv);
-    for (uint32_t i = 0; i < n; i++)
-        req->argv[i] = rpc_obj_strdup(&argv->via.array.ptr[i]);
-    req->argc = n;
-    if (in && (in->type == MSGPACK_OBJECT_BIN || in->type == MSGPACK_OBJECT_STR)) {
-        size_t len = in->type == MSGPACK_OBJECT_BIN ? in->via.bin.size : in->via.str.size;
-        const char *p = in->type == MSGPACK_OBJECT_BIN ? in->via.bin.ptr : in->via.str.ptr;
-        req->stdin_data = xmalloc(len ? len : 1);
-        if (len)
-            memcpy(req->stdin_data, p, len);
-        req->stdin_len = len;
-    }
+    if (!req->argv)
+        req->argv = xcalloc(1, sizeof *req->argv);
     req->timeout_ms = has_timeout ? timeout : 0;
-    /* a deadline already spent is below any minimum: refused as DEADLINE_EXCEEDED */
-    req->deadline_ms = has_deadline ? (deadline > 0 ? deadline : 1) : 0;
+    /* A deadline already spent (0 or less) is refused as DEADLINE_EXCEEDED with the value
+     * the caller sent; beyond DURATION_MAX_MS it could never run out. */
+    req->has_deadline = has_deadline;
+    req->deadline_ms = has_deadline && deadline > DURATION_MAX_MS ? DURATION_MAX_MS : deadline;
     req->depth = has_depth ? (depth > 0 ? depth : 0) : -1;
-    req->idempotent_hint = vals[0];
-    req->stream = vals[1];
-    req->args = has_args ? args : NULL;     /* read during call_start only */
-    if (env && env->type == MSGPACK_OBJECT_MAP) {
-        req->env = xcalloc(env->via.map.size + 1, sizeof *req->env);
-        for (uint32_t i = 0; i < env->via.map.size; i++) {
-            const msgpack_object_kv *kv = &env->via.map.ptr[i];
-            req->env[i] = xasprintf("%.*s=%.*s", (int)kv->key.via.str.size,
-                                    kv->key.via.str.ptr, (int)kv->val.via.str.size,
-                                    kv->val.via.str.ptr);
-        }
+    if (env_pairs) {
+        size_t n = 0;
+        while (env_pairs[2 * n])
+            n++;
+        req->env = xcalloc(n + 1, sizeof *req->env);
+        for (size_t i = 0; i < n; i++)
+            req->env[i] = xasprintf("%s=%s", env_pairs[2 * i], env_pairs[2 * i + 1]);
+        pairs_free(env_pairs);
     }
     return true;
 }
@@ -709,12 +988,17 @@ static bool parse_call(struct srv_conn *conn, uint32_t msgid, const msgpack_obje
 static void m_call(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
     struct server *srv = conn->srv;
-    struct srv_session *ss = session_param(conn, msgid, params);
-    if (!ss)
-        return;
+    struct params p;
+    params_begin(&p, conn, msgid, params);
     struct call_request req;
-    if (!parse_call(conn, msgid, params, &req))
+    char *id = NULL;
+    bool ok = parse_call(&p, &req, &id);
+    struct srv_session *ss = ok ? session_lookup(conn, msgid, id) : NULL;
+    free(id);
+    if (!ss) {
+        call_request_free(&req);
         return;
+    }
     if (srv->draining || (int64_t)srv->running >= srv->policy->limits.running) {
         char msg[128];
         snprintf(msg, sizeof msg, srv->draining ? "the server is shutting down"
@@ -743,14 +1027,19 @@ static void m_call(struct srv_conn *conn, uint32_t msgid, const msgpack_object *
 
 static void m_cancel(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
-    const msgpack_object *o = rpc_map_get(params, "msgid");
-    if (!o || o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > UINT32_MAX) {
+    struct params p;
+    params_begin(&p, conn, msgid, params);
+    int64_t target = 0;
+    bool has;
+    if (!param_int(&p, "msgid", 0, UINT32_MAX, &target, &has) || !params_end(&p))
+        return;
+    if (!has) {
         bad_request(conn, msgid, "msgid: required unsigned integer");
         return;
     }
     bool found = false;
     for (struct srv_call *sc = conn->srv->calls; sc; sc = sc->next) {
-        if (sc->conn == conn && sc->msgid == (uint32_t)o->via.u64 &&
+        if (sc->conn == conn && sc->msgid == (uint32_t)target &&
             (sc->call->state == CALL_RUNNING || sc->call->state == CALL_TERMINATING)) {
             call_stop(sc->call, CLASS_CANCELLED, NULL, NULL, false);
             found = true;
@@ -766,13 +1055,15 @@ static void m_cancel(struct srv_conn *conn, uint32_t msgid, const msgpack_object
 static void m_hello(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
     struct server *srv = conn->srv;
-    const msgpack_object *client = rpc_map_get(params, "client");
-    if (client && client->type != MSGPACK_OBJECT_NIL && !rpc_obj_is_str(client)) {
-        bad_request(conn, msgid, "client: expected a string");
+    struct params p;
+    params_begin(&p, conn, msgid, params);
+    char *client = NULL;
+    bool ok = param_str(&p, "client", false, &client) && params_end(&p);
+    free(client);
+    if (!ok)
         return;
-    }
     msgpack_packer *pk = result_begin(conn, msgid, 5);
-    rpc_pack_kv_int(pk, "protocol", 1);
+    rpc_pack_kv_int(pk, "protocol", PROTOCOL_VERSION);
     rpc_pack_kv_str(pk, "version", STOCKADE_VERSION);
     rpc_pack_key(pk, "policy");
     msgpack_pack_map(pk, 3);
@@ -812,15 +1103,30 @@ static unsigned standby_count(struct server *srv, int wait_ms, unsigned *fds)
 
 static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
-    (void)params;
     struct server *srv = conn->srv;
+    struct params p;
+    params_begin(&p, conn, msgid, params);
+    if (!params_end(&p))
+        return;
     /* with no call running, the spares on their way are waited for (briefly), before
      * anything is counted: a quiet server reports the same figures every time */
     unsigned standby_fds = 0, standby = standby_count(srv, srv->running ? 0 : 100, &standby_fds);
     unsigned live, zombies;
     proc_count_tree(&live, &zombies, NULL);
-    msgpack_packer *pk = result_begin(conn, msgid, 16);
+    msgpack_packer *pk = result_begin(conn, msgid, 17);
     rpc_pack_kv_int(pk, "sessions", srv->nsessions);
+    /* the labels of the open sessions that have some, by session id */
+    unsigned nlabelled = 0;
+    for (struct srv_session *ss = srv->sessions; ss; ss = ss->next)
+        nlabelled += ss->labels != NULL;
+    rpc_pack_key(pk, "session_labels");
+    msgpack_pack_map(pk, nlabelled);
+    for (struct srv_session *ss = srv->sessions; ss; ss = ss->next) {
+        if (!ss->labels)
+            continue;
+        rpc_pack_key(pk, ss->s->id);
+        labels_pack(pk, ss->labels);
+    }
     rpc_pack_kv_int(pk, "running", srv->running);
     rpc_pack_key(pk, "calls");
     msgpack_pack_map(pk, CLASS_COUNT);
@@ -882,49 +1188,70 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     rpc_conn_flush(conn->rpc);
 }
 
-/* Load and check completely, then swap; running calls keep their generation. */
-static struct policy *reload(struct server *srv, const char *path, char **err)
+static int isolation_rank(const char *level)
 {
-    struct policy *p = policy_load(path, err);
+    return strcmp(level, "strict") == 0 ? 2 : strcmp(level, "process") == 0 ? 1 : 0;
+}
+
+/* Re-read the policy file the server started with; load and check completely, then
+ * swap; running calls keep their generation. A policy that would lower the isolation
+ * level, or that this host cannot isolate, is refused: lowering takes a restart. */
+static struct policy *reload(struct server *srv, char **err)
+{
+    struct policy *p = policy_load(srv->policy_path, err);
     if (!p)
         return NULL;
+    char *why = NULL;
+    if (!sandbox_level_allowed(p->isolation, &why)) {
+        *err = xasprintf("the new policy asks for isolation=%s, which this host cannot give: %s",
+                         p->isolation, why);
+        free(why);
+        policy_unref(p);
+        return NULL;
+    }
+    if (isolation_rank(p->isolation) < isolation_rank(srv->policy->isolation)) {
+        *err = xasprintf("the new policy would lower isolation from %s to %s: that takes a "
+                         "restart", srv->policy->isolation, p->isolation);
+        policy_unref(p);
+        return NULL;
+    }
     struct policy *old = srv->policy;
     srv->policy = p;
-    if (path != srv->policy_path) {
-        free(srv->policy_path);
-        srv->policy_path = xstrdup(path);
-    }
     policy_unref(old);
-    LOG_I("policy %s loaded: generation %u", path, p->generation);
+    LOG_I("policy %s loaded: generation %u", srv->policy_path, p->generation);
     if (srv->on_reload)
         srv->on_reload(srv->on_reload_ud);
     return p;
 }
 
+/* No parameters: the policy is the operator's file, never one a client names. Only an
+ * admin peer (the spawner on stdio, --admin-uid on a socket) may ask. */
 static void m_policy_reload(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
     struct server *srv = conn->srv;
-    const msgpack_object *o = rpc_map_get(params, "path");
-    char *path = NULL;
-    if (o && o->type != MSGPACK_OBJECT_NIL) {
-        if (!rpc_obj_is_str(o) || o->via.str.size == 0) {
-            bad_request(conn, msgid, "path: expected a string");
-            return;
-        }
-        path = rpc_obj_strdup(o);
+    if (!conn->admin) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "policy.reload: uid %u is not an admin peer (--admin-uid)",
+                 (unsigned)conn->uid);
+        rpc_send_error(conn->rpc, msgid, "POLICY_VIOLATION", false, msg, NULL);
+        LOG_W("%s", msg);
+        return;
     }
+    struct params p;
+    params_begin(&p, conn, msgid, params);
+    if (!params_end(&p))
+        return;
     char *err = NULL;
-    struct policy *p = reload(srv, path ? path : srv->policy_path, &err);
-    free(path);
-    if (!p) {
+    struct policy *pol = reload(srv, &err);
+    if (!pol) {
         rpc_send_error(conn->rpc, msgid, "BAD_REQUEST", false, err, NULL);
         LOG_W("policy.reload refused, the old policy stays: %s", err);
         free(err);
         return;
     }
     msgpack_packer *pk = result_begin(conn, msgid, 2);
-    rpc_pack_kv_int(pk, "generation", p->generation);
-    rpc_pack_kv_str(pk, "sha256", p->sha256);
+    rpc_pack_kv_int(pk, "generation", pol->generation);
+    rpc_pack_kv_str(pk, "sha256", pol->sha256);
     rpc_conn_flush(conn->rpc);
 }
 
@@ -1093,7 +1420,9 @@ static void m_debug_leak(struct srv_conn *conn, uint32_t msgid, const msgpack_ob
     }
     int64_t n = 1;
     bool has;
-    if (!param_int(conn, msgid, params, "count", &n, &has))
+    struct params p;
+    params_begin(&p, conn, msgid, params);
+    if (!param_int(&p, "count", 0, INT32_MAX, &n, &has) || !params_end(&p))
         return;
     while (n-- > 0 && srv->nleaked < (int)ARRAY_LEN(srv->leaked))
         srv->leaked[srv->nleaked++] = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -1113,12 +1442,15 @@ static void on_holder_exit(struct proc *p, int wstatus, void *ud)
  * never reaps it — a zombie the supervisor's side owns, as a leak would leave one. */
 static void m_debug_zombie(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
-    (void)params;
     struct server *srv = conn->srv;
+    struct params p;
+    params_begin(&p, conn, msgid, params);
     if (!srv->opts->debug_hooks) {
         bad_request(conn, msgid, "unknown method 'debug.zombie'");
         return;
     }
+    if (!params_end(&p))
+        return;
     if (!srv->holding_zombie) {
         pid_t pid = fork();
         if (pid == 0) {
@@ -1142,12 +1474,15 @@ static void m_debug_zombie(struct srv_conn *conn, uint32_t msgid, const msgpack_
 
 static void m_debug_unleak(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
-    (void)params;
     struct server *srv = conn->srv;
+    struct params p;
+    params_begin(&p, conn, msgid, params);
     if (!srv->opts->debug_hooks) {
         bad_request(conn, msgid, "unknown method 'debug.unleak'");
         return;
     }
+    if (!params_end(&p))
+        return;
     while (srv->nleaked > 0)
         close_quietly(&srv->leaked[--srv->nleaked]);
     if (srv->holding_zombie)
@@ -1176,27 +1511,65 @@ static const struct {
     {"debug.zombie", m_debug_zombie},
 };
 
+/* Is a request of this connection with this msgid still waiting for its answer? Only
+ * calls and closes outlive their dispatch. */
+static bool msgid_in_flight(const struct srv_conn *conn, uint32_t msgid)
+{
+    for (const struct srv_call *sc = conn->srv->calls; sc; sc = sc->next)
+        if (sc->conn == conn && sc->msgid == msgid)
+            return true;
+    for (const struct srv_session *ss = conn->srv->sessions; ss; ss = ss->next)
+        for (const struct close_waiter *w = ss->waiters; w; w = w->next)
+            if (w->conn == conn && w->msgid == msgid)
+                return true;
+    return false;
+}
+
+/* [0, msgid, method, params]: params an array of the method's arguments (protocol 2:
+ * [] or [{...}]) or a bare map (protocol 1). Every request that carries a msgid is
+ * answered, a malformed msgid echoed as it came. */
 static void on_message(struct rpc_conn *rpc, const msgpack_object *msg)
 {
     struct srv_conn *conn = rpc->ud;
     const msgpack_object *a = msg->type == MSGPACK_OBJECT_ARRAY ? msg->via.array.ptr : NULL;
     uint32_t n = a ? msg->via.array.size : 0;
-    bool has_id = n >= 2 && a[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER && a[1].via.u64 <= UINT32_MAX;
-    uint32_t msgid = has_id ? (uint32_t)a[1].via.u64 : 0;
     bool is_request = n >= 1 && a[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER && a[0].via.u64 == 0;
-    if (!is_request || n != 4 || !has_id || a[2].type != MSGPACK_OBJECT_STR ||
-        (a[3].type != MSGPACK_OBJECT_MAP && a[3].type != MSGPACK_OBJECT_NIL)) {
-        if (is_request && has_id)
-            bad_request(conn, msgid, "expected [0, msgid, method, params] with params a map");
-        else
-            LOG_W("ignored a message that is not a request");
+    if (!is_request || n < 2) {
+        LOG_W("ignored a message that is not a request");
+        return;
+    }
+    if (a[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER || a[1].via.u64 > UINT32_MAX) {
+        rpc_send_error_echo(rpc, &a[1], "BAD_REQUEST", false,
+                            "msgid: expected an unsigned 32-bit integer", NULL);
+        return;
+    }
+    uint32_t msgid = (uint32_t)a[1].via.u64;
+    if (n != 4 || a[2].type != MSGPACK_OBJECT_STR) {
+        bad_request(conn, msgid, "expected [0, msgid, method, params]");
+        return;
+    }
+    const msgpack_object *params = &a[3];
+    if (params->type == MSGPACK_OBJECT_ARRAY) {
+        uint32_t nargs = params->via.array.size;
+        params = nargs == 1 ? &params->via.array.ptr[0] : NULL;
+        if (nargs > 1 || (params && params->type != MSGPACK_OBJECT_MAP &&
+                          params->type != MSGPACK_OBJECT_NIL)) {
+            bad_request(conn, msgid, "params: expected [] or [{...}] (one argument, a map)");
+            return;
+        }
+    } else if (params->type != MSGPACK_OBJECT_MAP && params->type != MSGPACK_OBJECT_NIL) {
+        bad_request(conn, msgid, "params: expected [] or [{...}] (one argument, a map)");
+        return;
+    }
+    if (msgid_in_flight(conn, msgid)) {
+        bad_request(conn, msgid, "msgid %u is already in flight on this connection", msgid);
         return;
     }
     const msgpack_object *method = &a[2];
     for (size_t i = 0; i < ARRAY_LEN(methods); i++) {
         size_t len = strlen(methods[i].name);
         if (method->via.str.size == len && memcmp(method->via.str.ptr, methods[i].name, len) == 0) {
-            methods[i].fn(conn, msgid, &a[3]);
+            methods[i].fn(conn, msgid, params);
             return;
         }
     }
@@ -1248,11 +1621,12 @@ static void on_pressure(struct rpc_conn *rpc, bool high)
 
 static const struct rpc_handlers handlers = {on_message, on_conn_close, on_pressure};
 
-static struct srv_conn *conn_add(struct server *srv, int rfd, int wfd, uid_t uid)
+static struct srv_conn *conn_add(struct server *srv, int rfd, int wfd, uid_t uid, bool admin)
 {
     struct srv_conn *conn = xcalloc(1, sizeof *conn);
     conn->srv = srv;
     conn->uid = uid;
+    conn->admin = admin;
     conn->rpc = rpc_conn_new(srv->loop, rfd, wfd, srv->opts->max_message, &handlers, conn);
     conn->rpc->peer_uid = uid;
     conn->next = srv->conns;
@@ -1288,31 +1662,56 @@ static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
         close(fd);
         return;
     }
-    conn_add(srv, fd, fd, cred.uid);
+    bool admin = false;
+    for (size_t i = 0; i < srv->opts->n_admin_uids; i++)
+        admin |= srv->opts->admin_uids[i] == cred.uid;
+    conn_add(srv, fd, fd, cred.uid, admin);
 }
 
-static int listen_unix(const char *path)
+/* A socket at `path` that a live server accepts on is in use: never take it over. A
+ * stale one (connect refused: its server died) is replaced; anything else is not ours. */
+static void refuse_live_socket(const struct sockaddr_un *addr, const char *path)
 {
+    struct stat st;
+    if (lstat(path, &st) < 0)
+        return;
+    if (!S_ISSOCK(st.st_mode))
+        die("--listen: %s exists and is not a socket", path);
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0)
+        die_errno("socket");
+    int rc = connect(probe, (const struct sockaddr *)addr, sizeof *addr);
+    int err = errno;
+    close(probe);
+    if (rc == 0)
+        die("--listen: %s: address in use (a server is listening there)", path);
+    if (err != ECONNREFUSED)
+        die("--listen: %s: cannot tell whether a server listens there: %s", path, strerror(err));
+    unlink(path);
+}
+
+static int listen_unix(const struct server_opts *opts)
+{
+    const char *path = opts->listen_path;
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof addr.sun_path)
         die("--listen: path too long: %s", path);
     strcpy(addr.sun_path, path);
+    refuse_live_socket(&addr, path);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         die_errno("socket");
-    struct stat st;
-    /* A stale socket from a previous run is replaced; anything else is not ours. */
-    if (lstat(path, &st) == 0) {
-        if (!S_ISSOCK(st.st_mode))
-            die("--listen: %s exists and is not a socket", path);
-        unlink(path);
-    }
+    /* Born 0600; widened (mode, group) only once it is ours, before anyone can connect. */
     mode_t old = umask(0177);
     int rc = bind(fd, (struct sockaddr *)&addr, sizeof addr);
     umask(old);
+    if (rc < 0 && errno == EADDRINUSE)
+        die("--listen: %s: address in use", path);
     if (rc < 0)
         die_errno("bind %s", path);
-    if (chmod(path, 0600) < 0 || listen(fd, 64) < 0)
+    if (opts->socket_gid != (gid_t)-1 && chown(path, (uid_t)-1, opts->socket_gid) < 0)
+        die_errno("--socket-group: chown %s", path);
+    if (chmod(path, opts->socket_mode) < 0 || listen(fd, 64) < 0)
         die_errno("listen %s", path);
     return fd;
 }
@@ -1376,7 +1775,7 @@ static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
     struct server *srv = w->data;
     if (w->signum == SIGHUP) {
         char *err = NULL;
-        if (!reload(srv, srv->policy_path, &err)) {
+        if (!reload(srv, &err)) {
             LOG_E("SIGHUP: policy reload refused, the old policy stays: %s", err);
             free(err);
         }
@@ -1439,7 +1838,7 @@ struct server *server_new(const struct server_opts *opts)
 
 struct srv_conn *server_attach(struct server *srv, int rfd, int wfd, uid_t uid)
 {
-    return conn_add(srv, rfd, wfd, uid);
+    return conn_add(srv, rfd, wfd, uid, true);
 }
 
 void server_feed(struct srv_conn *conn, const void *data, size_t len)
@@ -1512,7 +1911,7 @@ int server_run(const struct server_opts *opts)
 {
     struct server *srv = server_new(opts);
     if (opts->listen_path) {
-        srv->listen_fd = listen_unix(opts->listen_path);
+        srv->listen_fd = listen_unix(opts);
         ev_io_init(&srv->listen_watcher, on_accept, srv->listen_fd, EV_READ);
         srv->listen_watcher.data = srv;
         ev_io_start(srv->loop, &srv->listen_watcher);
@@ -1521,7 +1920,7 @@ int server_run(const struct server_opts *opts)
         /* stdin/stdout are the protocol: keep them out of every child (CLOEXEC). */
         fd_set_cloexec(0);
         fd_set_cloexec(1);
-        conn_add(srv, 0, 1, geteuid());
+        conn_add(srv, 0, 1, geteuid(), true);   /* the spawner: an admin peer */
     }
     server_start(srv);
     ev_run(srv->loop, 0);

@@ -16,6 +16,10 @@ struct server_opts {
     const char *listen_path;    /* NULL: stdin/stdout */
     uid_t allow_uids[16];
     size_t n_allow_uids;
+    uid_t admin_uids[16];       /* may call policy.reload on the socket */
+    size_t n_admin_uids;
+    mode_t socket_mode;         /* of the listening socket; 0600 unless --socket-mode */
+    gid_t socket_gid;           /* its group, with --socket-group; (gid_t)-1: unchanged */
     size_t max_message;
     int64_t drain_ms;
     struct uid_range uids;

@@ -145,6 +145,7 @@ static uint32_t send_req(const char *method, const char *sid)
     msgpack_pack_uint32(&pk, 0);
     msgpack_pack_uint32(&pk, id);
     pack_str(&pk, method);
+    msgpack_pack_array(&pk, 1);     /* protocol 2: params are [the one argument, a map] */
     if (strcmp(method, "call") == 0) {
         int n = 3 + (O.timeout_ms > 0) + (want_stream > 0);
         msgpack_pack_map(&pk, (size_t)n);
@@ -168,10 +169,12 @@ static uint32_t send_req(const char *method, const char *sid)
         msgpack_pack_map(&pk, 1);
         pack_str(&pk, "session_id");
         pack_str(&pk, sid);
-    } else {
+    } else if (strcmp(method, "hello") == 0) {
         msgpack_pack_map(&pk, 1);
         pack_str(&pk, "client");
         pack_str(&pk, "bench-rawclient");
+    } else {
+        msgpack_pack_map(&pk, 0);
     }
     write_all(sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
@@ -192,7 +195,10 @@ static const msgpack_object *next_response(uint32_t *id)
                 die("%s", "a message that is not an array");
             long long kind = int_of(&o->via.array.ptr[0]);
             if (kind == 2) {
-                const msgpack_object *p = &o->via.array.ptr[2];
+                /* [2, method, [map]] */
+                const msgpack_object *args = &o->via.array.ptr[2];
+                const msgpack_object *p = args->type == MSGPACK_OBJECT_ARRAY &&
+                                          args->via.array.size == 1 ? args->via.array.ptr : NULL;
                 const msgpack_object *d = map_get(p, "data");
                 if (str_is(&o->via.array.ptr[1], "call.output") && d &&
                     (d->type == MSGPACK_OBJECT_BIN || d->type == MSGPACK_OBJECT_STR) &&

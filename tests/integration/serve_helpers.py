@@ -208,11 +208,15 @@ class RawConn:
     def send(self, obj):
         self._write(msgpack.packb(obj, use_bin_type=True))
 
-    def request(self, method, params=None, msgid=None):
+    def request(self, method, params=None, msgid=None, v1=False):
+        """Send a request: protocol 2 ([params] or []), or a bare map with v1=True."""
         if msgid is None:
             msgid = self._next_id
             self._next_id += 1
-        self.send([0, msgid, method, {} if params is None else params])
+        if v1:
+            self.send([0, msgid, method, {} if params is None else params])
+        else:
+            self.send([0, msgid, method, [params] if params else []])
         return msgid
 
     def shutdown_write(self):
@@ -303,6 +307,12 @@ class RawConn:
                 return got
             except TimeoutError:
                 pytest.fail(f"connection not closed within {timeout:.0f}s; got {summarize(got)}")
+
+
+def note_args(msg):
+    """The one map argument of a protocol-2 notification [2, method, [map]]."""
+    assert msg[0] == 2 and isinstance(msg[2], list) and len(msg[2]) == 1, msg
+    return msg[2][0]
 
 
 def summarize(msgs, limit=8):

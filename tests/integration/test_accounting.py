@@ -118,11 +118,14 @@ def test_zombie_inside_a_running_tool_is_not_an_alarm(server):
     s.close()
 
 
-def test_rss_alarm_fires_and_clears_on_reload(server):
-    c = server(ALARMS_RSS)   # 1 MiB: any supervisor is over it
+def test_rss_alarm_fires_and_clears_on_reload(server, tmp_path):
+    path = str(tmp_path / "policy.lua")
+    shutil.copy(ALARMS_RSS, path)
+    c = server(path)         # 1 MiB: any supervisor is over it
     raised = alarm(c, "rss", "raised")
     assert raised["value"] > raised["threshold"]
-    c.reload_policy(ALARMS)  # 1 GiB: thresholds follow the policy
+    shutil.copy(ALARMS, path)
+    c.reload_policy()        # 1 GiB: thresholds follow the policy
     alarm(c, "rss", "cleared")
 
 

@@ -67,14 +67,17 @@ def test_hostile_classify_keeps_the_default(serve):
     s.close()
 
 
-def test_reload_new_calls_new_generation_running_call_keeps_its_own(serve):
-    c = serve(GEN_A)
+def test_reload_new_calls_new_generation_running_call_keeps_its_own(serve, tmp_path):
+    path = str(tmp_path / "policy.lua")
+    shutil.copy(GEN_A, path)
+    c = serve(path)
     gen_a = c.hello().policy["generation"]
     s = c.open_session()
     # started under A: prints a secret of each generation after the reload has happened
     fifo_wait = "i=0; while [ ! -e $TMPDIR/go ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done"
     h = s.start_call("slowecho", ["-c", fifo_wait + "; echo alpha-secret beta-secret"])
-    res = c.reload_policy(GEN_B)
+    shutil.copy(GEN_B, path)     # policy.reload re-reads the server's own file
+    res = c.reload_policy()
     assert res["generation"] > gen_a
     # release the running call only after the swap
     assert s.call("slowecho", ["-c", "touch $TMPDIR/go"]).class_ == "OK"
@@ -87,13 +90,14 @@ def test_reload_new_calls_new_generation_running_call_keeps_its_own(serve):
 
 
 def test_broken_reload_keeps_the_working_policy(serve, tmp_path):
-    c = serve(GEN_A)
+    path = tmp_path / "policy.lua"
+    shutil.copy(GEN_A, path)
+    c = serve(str(path))
     before = c.hello().policy
-    broken = tmp_path / "broken.lua"
-    broken.write_text("return stockade.policy { oops = }\n")
+    path.write_text("return stockade.policy { oops = }\n")
     with pytest.raises(Exception) as e:
-        c.reload_policy(str(broken))
-    assert "BAD_REQUEST" in repr(e.value) or "broken.lua" in str(e.value)
+        c.reload_policy()
+    assert "BAD_REQUEST" in repr(e.value) or "policy.lua" in str(e.value)
     after = c.hello().policy
     assert after["generation"] == before["generation"] and after["sha256"] == before["sha256"]
     s = c.open_session()

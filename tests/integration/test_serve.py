@@ -26,6 +26,7 @@ import pytest
 
 from serve_helpers import (BROKEN_POLICY, REDACT_POLICY, LIMITS_POLICY, MiB, POLICY, RELOAD_A, RELOAD_B,
                            RPC_TIMEOUT, SMALL_POLICY, STOP_TIMEOUT, UUID4_RE, WIDE_POLICY,
+                           note_args,
                            Closed, ServeProc, clean_env, assert_marker_gone, children, fd_count,
                            proc_state,
                            is_int, kill_marker, live_with_marker, one_line, sessions_left,
@@ -33,6 +34,7 @@ from serve_helpers import (BROKEN_POLICY, REDACT_POLICY, LIMITS_POLICY, MiB, POL
 from stockade_client import (AsyncClient, BadRequest, CALL_RESULT_FIELDS, CallResult, Cancelled,
                              ConnectionClosed,
                              NoSuchSession, OutputChunk, Overloaded, PolicyViolation,
+                             SessionExpired,
                              StockadeError, ToolError, ToolTimeout)
 
 DEFAULT_OUTPUT_CAP = 1 << 20          # policies/default.lua: limits.output = "1MiB"
@@ -137,7 +139,7 @@ def wait_marker(m, n=1, timeout=15.0):
 def test_hello(client):
     info = client.hello()
     r = info.raw
-    assert r["protocol"] == 1
+    assert r["protocol"] == 2
     assert isinstance(r["version"], str) and r["version"]
     pol = r["policy"]
     assert pol["name"] == "default"
@@ -158,7 +160,7 @@ def test_hello_raw_and_max_message_option(serve):
     res = raw.call_ok("hello", {})
     assert res["limits"]["max_message"] == MiB
     res2 = raw.call_ok("hello", {"client": "raw-test"})
-    assert res2["protocol"] == 1
+    assert res2["protocol"] == 2
 
 
 def test_hello_wrong_param_type(serve):
@@ -174,7 +176,7 @@ def test_msgid_full_uint32_range(serve):
     for msgid in (0, 0xFFFFFFFF, 0x7FFFFFFF + 1):
         raw.request("hello", {}, msgid=msgid)
         err, res = raw.response(msgid)
-        assert err is None and res["protocol"] == 1
+        assert err is None and res["protocol"] == 2
 
 
 # ---------------------------------------------------------------- sessions
@@ -226,7 +228,7 @@ def test_session_open_bad_params(client, state_dir, params):
     assert one_line(ei.value.message)
     assert sessions_left(state_dir) == []
     assert not os.path.lexists(os.path.join(state_dir, "escape"))
-    assert client.hello().protocol == 1   # still answering
+    assert client.hello().protocol == 2   # still answering
 
 
 def test_session_id_64_chars_ok(client, state_dir):
@@ -277,8 +279,9 @@ def test_session_close(client, state_dir):
     assert res == {"removed": True, "calls_killed": 0}, res
     assert not os.path.lexists(s.root)
     assert sessions_left(state_dir) == []
-    for fn in (lambda: client.close_session("it-close-1"),
-               lambda: client.renew_session("it-close-1"),
+    # protocol 2: closing again is idempotent; other requests on it: NO_SUCH_SESSION
+    assert client.close_session("it-close-1") == {"removed": False, "calls_killed": 0}
+    for fn in (lambda: client.renew_session("it-close-1"),
                lambda: client.call("it-close-1", "echo", ["x"])):
         with pytest.raises(NoSuchSession) as ei:
             fn()
@@ -622,7 +625,7 @@ def test_stream_notifications_raw(serve):
     out = {"stdout": b"", "stderr": b""}
     for n in notes:
         assert len(n) == 3 and n[1] == "call.output", n
-        p = n[2]
+        p = note_args(n)
         assert p["msgid"] == streamed
         assert p["stream"] in ("stdout", "stderr")
         assert type(p["data"]) is bytes, f"data must be msgpack bin: {p!r}"
@@ -700,8 +703,9 @@ def test_session_expired_by_lease(client, state_dir):
                                      lambda p: p.get("session_id") == s.session_id, timeout=20)
     assert note["layer"] == "ttl", note
     wait_until(lambda: not os.path.lexists(s.root), 10, "the expired session's root removed")
-    with pytest.raises(NoSuchSession):
+    with pytest.raises(SessionExpired) as ei:   # protocol 2: not NO_SUCH_SESSION
         s.call("echo", ["x"])
+    assert ei.value.layer == "ttl"
 
 
 def test_session_expired_by_fuse_raw(serve, state_dir, marker):
@@ -724,13 +728,14 @@ def test_session_expired_by_fuse_raw(serve, state_dir, marker):
             assert r["retryable"] is False
         elif msg[0] == 2 and msg[1] == "session.expired":
             note_i = len(raw.seen) - 1
-            assert msg[2] == {"session_id": sid, "layer": "fuse"}, msg
+            assert msg[2] == [{"session_id": sid, "layer": "fuse"}], msg
     assert resp_i < note_i, "session.expired must follow the answers of the session's calls"
     assert_marker_gone(m)
     wait_until(lambda: not os.path.lexists(root), 10, "the expired session's root removed")
     msgid = raw.request("call", {"session_id": sid, "tool": "echo", "argv": ["x"]})
     err, _ = raw.response(msgid)
-    assert_error_map(err, "NO_SUCH_SESSION")
+    assert_error_map(err, "SESSION_EXPIRED")
+    assert err["layer"] == "fuse"
 
 
 # ---------------------------------------------------------------- admission: OVERLOADED
@@ -797,7 +802,7 @@ def test_call_bad_params(serve, name, params):
     err, res = raw.response(msgid)
     assert_error_map(err, "BAD_REQUEST")
     assert res is None
-    assert raw.call_ok("hello", {})["protocol"] == 1
+    assert raw.call_ok("hello", {})["protocol"] == 2
 
 
 def test_call_bad_session_params(serve):
@@ -826,14 +831,14 @@ def test_malformed_request_answered(serve, msg):
     err, res = raw.response(9)
     assert_error_map(err, "BAD_REQUEST")
     assert res is None
-    assert raw.call_ok("hello", {})["protocol"] == 1
+    assert raw.call_ok("hello", {})["protocol"] == 2
 
 
 def test_unknown_method_via_client(client):
     with pytest.raises(BadRequest) as ei:
         client.request("no.such.method", {})
     assert ei.value.retryable is False
-    assert client.hello().protocol == 1
+    assert client.hello().protocol == 2
 
 
 # ---------------------------------------------------------------- malformed streams (listen mode)
@@ -855,7 +860,7 @@ def test_garbage_closes_only_that_connection(serve):
     r = h.result(RPC_TIMEOUT)
     assert r.ok and r.stdout == b"survived\n", r
     third = s.connect()
-    assert third.hello().protocol == 1
+    assert third.hello().protocol == 2
     third.close()
     good.close()
 
@@ -871,7 +876,7 @@ def test_truncated_message_then_hangup(serve):
     bad.close()
     assert s.alive()
     c = s.connect()
-    assert c.hello().protocol == 1
+    assert c.hello().protocol == 2
     c.close()
 
 
@@ -883,7 +888,7 @@ def test_message_split_across_writes(serve):
         raw.send_bytes(data[i:i + 1])
         time.sleep(0.002)
     err, res = raw.response(42)
-    assert err is None and res["protocol"] == 1
+    assert err is None and res["protocol"] == 2
     # two requests in one write
     raw.send_bytes(msgpack.packb([0, 43, "hello", {}]) + msgpack.packb([0, 44, "stats", {}]))
     assert raw.response(44)[0] is None
@@ -924,7 +929,7 @@ def test_not_a_request_is_survived(serve, msg):
             assert_error_map(m[2], "BAD_REQUEST")
     assert s.alive()
     c = s.connect()
-    assert c.hello().protocol == 1
+    assert c.hello().protocol == 2
     c.close()
 
 
@@ -951,7 +956,7 @@ def test_oversized_message(serve):
     assert any(t in msg for t in ("1048576", "1MiB", "1 MiB", str(len(data)), "2097")), \
         f"the message should name the size: {msg!r}"
     assert s.alive()
-    assert c.hello().protocol == 1, "another connection must be unaffected"
+    assert c.hello().protocol == 2, "another connection must be unaffected"
     assert sess.call("echo", ["ok"]).ok
     c.close()
 
@@ -1038,7 +1043,7 @@ def test_async_client(serve_available, state_dir, tmp_path):
                                     env=env)
         try:
             info = await c.hello()
-            assert info.protocol == 1 and info.policy["name"] == "serve-wide"
+            assert info.protocol == 2 and info.policy["name"] == "serve-wide"
             async with await c.open_session() as s:
                 r = await s.call("echo", ["hi"])
                 assert r.ok and r.stdout == b"hi\n"
@@ -1108,7 +1113,7 @@ def test_back_pressure_stalled_reader(serve):
         peak = max(peak, vmrss_kb(s.pid))
         time.sleep(0.05)
     # the server keeps serving others meanwhile
-    assert c.hello(rpc_timeout=15).protocol == 1
+    assert c.hello(rpc_timeout=15).protocol == 2
     r2 = sess.call("echo", ["meanwhile"], rpc_timeout=15)
     assert r2.ok and r2.stdout == b"meanwhile\n"
     peak = max(peak, vmrss_kb(s.pid))
@@ -1123,10 +1128,11 @@ def test_back_pressure_stalled_reader(serve):
         except (TimeoutError, Closed) as e:
             pytest.fail(f"{type(e).__name__} after {streamed} streamed bytes")
         raw.seen.clear()          # keep memory flat on our side too
-        if m[0] == 2 and m[1] == "call.output" and m[2]["msgid"] == msgid:
+        if m[0] == 2 and m[1] == "call.output" and m[2][0]["msgid"] == msgid:
+            data = m[2][0]["data"]
             if len(first) < DEFAULT_OUTPUT_CAP:
-                first += m[2]["data"][: DEFAULT_OUTPUT_CAP - len(first)]
-            streamed += len(m[2]["data"])
+                first += data[: DEFAULT_OUTPUT_CAP - len(first)]
+            streamed += len(data)
             peak = max(peak, vmrss_kb(s.pid)) if streamed % (64 * MiB) < 65536 else peak
         elif m[0] == 1 and m[1] == msgid:
             err, r = m[2], m[3]
@@ -1329,7 +1335,7 @@ def test_listen_peer_uid_checked(serve):
     out = _connect_as(s.sock_path, 65534)
     assert not out.startswith("ANSWERED"), f"a peer of uid 65534 was served: {out}"
     c = s.connect()
-    assert c.hello().protocol == 1
+    assert c.hello().protocol == 2
     c.close()
 
     s2 = serve(listen=True, args=["--allow-uid", "65534"])
@@ -1342,27 +1348,34 @@ def test_listen_peer_uid_checked(serve):
 # ---------------------------------------------------------------- policy reload
 
 
-def test_policy_reload(serve):
-    c = serve(RELOAD_A).client
+def test_policy_reload(serve, tmp_path):
+    # policy.reload re-reads the file the server started with (protocol 2: no path)
+    path = str(tmp_path / "policy.lua")
+    shutil.copy(RELOAD_A, path)
+    c = serve(path).client
     s = c.open_session()
     h0 = c.hello()
     g0, sha0 = h0.policy["generation"], h0.policy["sha256"]
     assert h0.policy["name"] == "serve-reload-a"
     assert s.call("extra", ["x"]).class_ == "POLICY_VIOLATION"
 
+    shutil.copy(BROKEN_POLICY, path)
     with pytest.raises(BadRequest) as ei:
-        c.reload_policy(BROKEN_POLICY)
+        c.reload_policy()
     assert ei.value.retryable is False and one_line(ei.value.message)
+    os.unlink(path)
     with pytest.raises(BadRequest):
-        c.reload_policy("/nonexistent/policy.lua")
-    with pytest.raises(BadRequest):
-        c.request("policy.reload", {"path": 5})
+        c.reload_policy()
+    with pytest.raises(BadRequest) as ei:
+        c.request("policy.reload", {"path": RELOAD_B})
+    assert "path" in ei.value.message
     h1 = c.hello()
     assert (h1.policy["generation"], h1.policy["sha256"]) == (g0, sha0), "a failed reload replaced the policy"
     assert s.call("extra", ["x"]).class_ == "POLICY_VIOLATION"
     assert s.call("echo", ["x"]).ok
 
-    res = c.reload_policy(RELOAD_B)
+    shutil.copy(RELOAD_B, path)
+    res = c.reload_policy()
     assert is_int(res["generation"]) and res["generation"] > g0, res
     assert isinstance(res["sha256"], str) and res["sha256"] != sha0, res
     h2 = c.hello()
@@ -1372,13 +1385,16 @@ def test_policy_reload(serve):
     assert r.ok and r.stdout == b"hi\n", r
 
 
-def test_policy_reload_running_call_keeps_its_policy(serve, marker):
-    c = serve(RELOAD_A).client
+def test_policy_reload_running_call_keeps_its_policy(serve, marker, tmp_path):
+    path = str(tmp_path / "policy.lua")
+    shutil.copy(RELOAD_A, path)
+    c = serve(path).client
     s = c.open_session()
     m = marker()
     h = s.start_call("sleep", [f"1.{m}"])
     wait_marker(m)
-    c.reload_policy(RELOAD_B)
+    shutil.copy(RELOAD_B, path)
+    c.reload_policy()
     r = h.result(RPC_TIMEOUT)
     assert r.ok, r
 
@@ -1391,8 +1407,6 @@ def test_sighup_reloads_current_path(serve, tmp_path):
     s = c.open_session()
     g0 = c.hello().policy["generation"]
     assert s.call("extra", ["x"]).class_ == "POLICY_VIOLATION"
-    with pytest.raises(BadRequest):
-        c.reload_policy(BROKEN_POLICY)
     shutil.copy(RELOAD_B, path)
     os.kill(srv_.pid, signal.SIGHUP)
     wait_until(lambda: c.hello().policy["generation"] > g0, 15, "the SIGHUP reload")

@@ -1,5 +1,5 @@
 """Python client of ``stockade serve``, the MessagePack-RPC server of the stockade tool-call
-supervisor. Wire contract: shared/design/PROTOCOL.md (protocol version 1).
+supervisor. Wire contract: shared/design/PROTOCOL.md (protocol version 2).
 
 - :class:`Client` — synchronous and thread-safe (a reader thread matches responses by
   msgid), over a spawned server's pipes or a Unix socket.
@@ -19,7 +19,7 @@ from .types import CALL_RESULT_FIELDS, CallResult, OutputChunk, ServerInfo, Sess
 from .client import CallHandle, Client, Session
 from .aio import AsyncCallHandle, AsyncClient, AsyncSession
 
-PROTOCOL_VERSION = 1
+from ._proto import PROTOCOL_VERSION
 
 __all__ = [
     "Client", "Session", "CallHandle", "AsyncClient", "AsyncSession", "AsyncCallHandle",

@@ -28,7 +28,8 @@ _END = object()
 class _Pending:
     __slots__ = ("msgid", "method", "future", "chunks")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, msgid: int, method: str, stream: bool):
+    def __init__(self, loop: asyncio.AbstractEventLoop, msgid: int, method: str,
+                 stream: bool) -> None:
         self.msgid = msgid
         self.method = method
         self.future: asyncio.Future = loop.create_future()
@@ -36,19 +37,26 @@ class _Pending:
 
 
 class AsyncCallHandle:
-    def __init__(self, client: "AsyncClient", p: _Pending):
+    """A call in flight (see stockade_client.client.CallHandle)."""
+
+    def __init__(self, client: "AsyncClient", p: _Pending) -> None:
         self._client = client
         self._p = p
         self.msgid = p.msgid
 
     def done(self) -> bool:
+        """Whether the response has arrived (or the connection ended)."""
         return self._p.future.done()
 
     async def result(self, timeout: Optional[float] = None) -> CallResult:
+        """The call's CallResult; TimeoutError after ``timeout`` seconds (the call goes
+        on), the StockadeError of the RPC error slot, ConnectionClosed or ProtocolError."""
         raw = await self._client._wait(self._p, timeout)
         return CallResult.from_map(raw, msgid=self.msgid)
 
     async def output(self, timeout: Optional[float] = None) -> AsyncIterator[OutputChunk]:
+        """Chunks of a ``stream=True`` call until it is answered; ``timeout`` bounds the
+        wait for each next chunk."""
         q = self._p.chunks
         if q is None:
             return
@@ -63,11 +71,14 @@ class AsyncCallHandle:
             yield item
 
     async def cancel(self, timeout: Optional[float] = None) -> bool:
+        """Ask the server to cancel this call; it still answers (class CANCELLED)."""
         return await self._client.cancel(self.msgid, rpc_timeout=timeout)
 
 
 class AsyncSession:
-    def __init__(self, client: "AsyncClient", info: SessionInfo):
+    """A session (see stockade_client.client.Session); ``async with`` closes it."""
+
+    def __init__(self, client: "AsyncClient", info: SessionInfo) -> None:
         self.client = client
         self.info = info
         self.session_id = info.session_id
@@ -77,22 +88,27 @@ class AsyncSession:
         self.closed = False
 
     async def call(self, tool: str, argv: Optional[Sequence[str]] = None, **kw: Any) -> CallResult:
+        """Run ``tool`` in this session and wait for its CallResult."""
         return await self.client.call(self.session_id, tool, argv, **kw)
 
     async def start_call(self, tool: str, argv: Optional[Sequence[str]] = None,
                          **kw: Any) -> AsyncCallHandle:
+        """Start ``tool`` in this session; returns its AsyncCallHandle."""
         return await self.client.start_call(self.session_id, tool, argv, **kw)
 
     def stream_call(self, tool: str, argv: Optional[Sequence[str]] = None,
                     **kw: Any) -> AsyncIterator[Union[OutputChunk, CallResult]]:
+        """OutputChunks as the tool writes, then its CallResult."""
         return self.client.stream_call(self.session_id, tool, argv, **kw)
 
     async def renew(self, rpc_timeout: Optional[float] = None) -> int:
+        """Touch the lease; returns the new ``expires_at_ms``."""
         self.expires_at_ms = await self.client.renew_session(self.session_id,
                                                              rpc_timeout=rpc_timeout)
         return self.expires_at_ms
 
     async def close(self, rpc_timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Kill the session's calls and remove its root: ``{removed, calls_killed}``."""
         res = await self.client.close_session(self.session_id, rpc_timeout=rpc_timeout)
         self.closed = True
         return res
@@ -120,8 +136,7 @@ class AsyncClient:
         self.proc = proc
         self.rpc_timeout = rpc_timeout
         self._loop = asyncio.get_running_loop()
-        self._pending: Dict[int, _Pending] = {}
-        self._ids = _proto.MsgidAllocator()
+        self._core: _proto.Core[_Pending] = _proto.Core()
         self._wlock = asyncio.Lock()
         self._subscribers: List[Callable[[str, Dict[str, Any]], Any]] = []
         self._notes: Deque = collections.deque(maxlen=keep_notifications)
@@ -133,6 +148,7 @@ class AsyncClient:
     @classmethod
     async def spawn(cls, argv: Sequence[str], *, rpc_timeout: Optional[float] = None,
                     **kw: Any) -> "AsyncClient":
+        """Start ``argv`` with pipes on its stdin/stdout (``kw`` to create_subprocess_exec)."""
         kw.setdefault("stdin", subprocess.PIPE)
         kw.setdefault("stdout", subprocess.PIPE)
         proc = await asyncio.create_subprocess_exec(*argv, **kw)
@@ -141,93 +157,81 @@ class AsyncClient:
     @classmethod
     async def connect_unix(cls, path: str, *, rpc_timeout: Optional[float] = None
                            ) -> "AsyncClient":
+        """Connect to ``stockade serve --listen unix:PATH``."""
         reader, writer = await asyncio.open_unix_connection(path)
         return cls(reader, writer, rpc_timeout=rpc_timeout)
 
     # ------------------------------------------------------------------ reader
 
     async def _read_loop(self) -> None:
-        unpacker = _proto.new_unpacker()
         reason = "the server closed the connection"
+        error_type: type = ConnectionClosed
         try:
             while True:
                 data = await self._reader.read(1 << 16)
                 if not data:
                     break
-                unpacker.feed(data)
-                for msg in unpacker:
-                    await self._dispatch(msg)
+                for ev in self._core.feed(data):
+                    await self._dispatch(ev)
         except asyncio.CancelledError:
             reason = "client closed"
+        except ProtocolError as e:   # nothing more on this stream can be trusted
+            reason, error_type = str(e), ProtocolError
+            self._writer.close()
         except Exception as e:
             reason = f"connection failed: {e}"
         finally:
-            await self._fail_all(reason)
+            await self._fail_all(reason, error_type)
 
-    async def _dispatch(self, msg: Any) -> None:
-        try:
-            kind, fields = _proto.classify_message(msg)
-        except ProtocolError:
-            return
-        if kind == _proto.RESPONSE:
-            msgid, error, result = fields
-            p = self._pending.pop(msgid, None) if isinstance(msgid, int) else None
-            if p is None:
-                return
+    async def _dispatch(self, ev: "_proto.Event") -> None:
+        if isinstance(ev, _proto.Response):
+            p = ev.pending
             if p.chunks is not None:
                 p.chunks.put_nowait(_END)
             if not p.future.done():
-                p.future.set_result((error, result))
+                p.future.set_result((ev.error, ev.result))
             return
-        method, params = fields
-        if not isinstance(params, dict):
-            params = {"params": params}
-        if method == "call.output":
-            p = self._pending.get(params.get("msgid"))
-            if p is not None and p.chunks is not None:
-                data = params.get("data")
-                if isinstance(data, str):
-                    data = data.encode("utf-8", "surrogateescape")
-                p.chunks.put_nowait(OutputChunk(str(params.get("stream")), bytes(data or b"")))
-                return
+        if isinstance(ev, _proto.Output):
+            ev.pending.chunks.put_nowait(ev.chunk)
+            return
         async with self._notes_changed:
-            self._notes.append((method, params))
+            self._notes.append((ev.method, ev.params))
             self._notes_changed.notify_all()
         for cb in list(self._subscribers):
             try:
-                r = cb(method, params)
+                r = cb(ev.method, ev.params)
                 if asyncio.iscoroutine(r):
                     await r
             except Exception:
                 pass
 
-    async def _fail_all(self, reason: str) -> None:
+    async def _fail_all(self, reason: str, error_type: type = ConnectionClosed) -> None:
         self.closed = True
         self.close_reason = reason
-        pending, self._pending = self._pending, {}
-        for p in pending.values():
+        for p in self._core.take_all():
             if p.chunks is not None:
                 p.chunks.put_nowait(_END)
             if not p.future.done():
-                p.future.set_exception(ConnectionClosed(reason, msgid=p.msgid))
+                p.future.set_exception(error_type(reason, msgid=p.msgid))
         async with self._notes_changed:
             self._notes_changed.notify_all()
 
     # ------------------------------------------------------------------ requests
 
-    async def _send(self, method: str, params: Dict[str, Any], stream: bool = False) -> _Pending:
+    async def _send(self, method: str, params: Optional[Dict[str, Any]],
+                    stream: bool = False) -> _Pending:
         if self.closed:
             raise ConnectionClosed(self.close_reason or "connection closed")
-        msgid = self._ids.allocate(self._pending)
-        p = _Pending(self._loop, msgid, method, stream)
-        self._pending[msgid] = p
+        p, data = self._core.request(method, params,
+                                     lambda msgid: _Pending(self._loop, msgid, method, stream),
+                                     stream)
         try:
             async with self._wlock:
-                self._writer.write(_proto.pack_request(msgid, method, params))
+                self._writer.write(data)
                 await self._writer.drain()
         except (OSError, RuntimeError) as e:
-            self._pending.pop(msgid, None)
-            raise ConnectionClosed(f"write failed: {e}", msgid=msgid) from e
+            self._core.forget(p.msgid)
+            raise ConnectionClosed(f"write failed: {e}", msgid=p.msgid) from e
         return p
 
     async def _wait(self, p: _Pending, timeout: Optional[float]) -> Any:
@@ -243,32 +247,38 @@ class AsyncClient:
 
     async def request(self, method: str, params: Optional[Dict[str, Any]] = None, *,
                       rpc_timeout: Optional[float] = None) -> Any:
-        return await self._wait(await self._send(method, params if params is not None else {}),
-                                rpc_timeout)
+        """Any method: send ``[params]`` (``[]`` when None or empty), wait, return the
+        result or raise the RPC error."""
+        return await self._wait(await self._send(method, params), rpc_timeout)
 
     async def hello(self, client: Optional[str] = "stockade_client.aio", *,
                     rpc_timeout: Optional[float] = None) -> ServerInfo:
+        """The server's facts: protocol, version, policy, isolation, limits."""
         params = {"client": client} if client is not None else {}
         return ServerInfo.from_map(await self.request("hello", params, rpc_timeout=rpc_timeout))
 
     async def open_session(self, session_id: Optional[str] = None, ttl_ms: Optional[int] = None,
                            fuse_ms: Optional[int] = None, labels: Optional[Dict[str, Any]] = None,
                            *, rpc_timeout: Optional[float] = None) -> AsyncSession:
+        """Open a session (or reattach to ``session_id``)."""
         res = await self.request("session.open",
                                  _proto.open_params(session_id, ttl_ms, fuse_ms, labels),
                                  rpc_timeout=rpc_timeout)
         return AsyncSession(self, SessionInfo.from_map(res))
 
     def session(self, session_id: str) -> AsyncSession:
+        """An AsyncSession object for an existing id."""
         return AsyncSession(self, SessionInfo(session_id=session_id, root=None))
 
     async def renew_session(self, session_id: str, *, rpc_timeout: Optional[float] = None) -> int:
+        """Touch a session's lease; returns the new ``expires_at_ms``."""
         res = await self.request("session.renew", {"session_id": session_id},
                                  rpc_timeout=rpc_timeout)
         return res.get("expires_at_ms")
 
     async def close_session(self, session_id: str, *,
                             rpc_timeout: Optional[float] = None) -> Dict[str, Any]:
+        """``{removed, calls_killed}``; idempotent for a session that already ended."""
         return await self.request("session.close", {"session_id": session_id},
                                   rpc_timeout=rpc_timeout)
 
@@ -277,12 +287,14 @@ class AsyncClient:
                          timeout_ms: Optional[int] = None, deadline_ms: Optional[int] = None,
                          depth: Optional[int] = None, idempotent: Optional[bool] = None,
                          stream: bool = False, **extra: Any) -> AsyncCallHandle:
+        """Send a ``call`` and return its AsyncCallHandle at once."""
         params = _proto.call_params(session_id, tool, argv, args, stdin, timeout_ms,
                                     deadline_ms, depth, idempotent, stream, **extra)
         return AsyncCallHandle(self, await self._send("call", params, stream=stream))
 
     async def call(self, session_id: str, tool: str, argv: Optional[Sequence[str]] = None, *,
                    rpc_timeout: Optional[float] = None, **kw: Any) -> CallResult:
+        """Run one call and wait for its CallResult (RPC-slot errors raise)."""
         h = await self.start_call(session_id, tool, argv, **kw)
         return await h.result(rpc_timeout)
 
@@ -297,16 +309,17 @@ class AsyncClient:
         yield await h.result(rpc_timeout)
 
     async def cancel(self, msgid: int, *, rpc_timeout: Optional[float] = None) -> bool:
+        """Cancel the call sent with ``msgid``; True if it was running."""
         res = await self.request("cancel", {"msgid": msgid}, rpc_timeout=rpc_timeout)
         return bool(res.get("cancelled"))
 
     async def stats(self, *, rpc_timeout: Optional[float] = None) -> Dict[str, Any]:
-        return await self.request("stats", {}, rpc_timeout=rpc_timeout)
+        """The server's counters (PROTOCOL.md, "stats")."""
+        return await self.request("stats", None, rpc_timeout=rpc_timeout)
 
-    async def reload_policy(self, path: Optional[str] = None, *,
-                            rpc_timeout: Optional[float] = None) -> Dict[str, Any]:
-        return await self.request("policy.reload", {"path": path} if path is not None else {},
-                                  rpc_timeout=rpc_timeout)
+    async def reload_policy(self, *, rpc_timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Re-read the server's own policy file (admin peers only)."""
+        return await self.request("policy.reload", None, rpc_timeout=rpc_timeout)
 
     # ------------------------------------------------------------------ notifications
 
@@ -317,11 +330,13 @@ class AsyncClient:
         return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
 
     def notifications(self) -> List:
+        """The recent notifications not routed to a streaming call."""
         return list(self._notes)
 
     async def wait_notification(self, method: str,
                                 predicate: Optional[Callable[[Dict[str, Any]], bool]] = None,
                                 timeout: Optional[float] = None) -> Dict[str, Any]:
+        """The params of the first notification ``method`` matching ``predicate``."""
         async def _find() -> Dict[str, Any]:
             async with self._notes_changed:
                 while True:

@@ -20,7 +20,7 @@ import socket
 import subprocess
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _proto
 from .errors import ConnectionClosed, NoSuchSession, ProtocolError, error_from_map
@@ -37,13 +37,13 @@ class _Pending:
     __slots__ = ("msgid", "method", "event", "error", "result", "closed_error", "chunks",
                  "stream")
 
-    def __init__(self, msgid: int, method: str, stream: bool = False):
+    def __init__(self, msgid: int, method: str, stream: bool = False) -> None:
         self.msgid = msgid
         self.method = method
         self.event = threading.Event()
         self.error: Any = None
         self.result: Any = None
-        self.closed_error: Optional[Exception] = None
+        self.closed_error: Optional[Exception] = None   # ConnectionClosed or ProtocolError
         self.stream = stream
         self.chunks: "Optional[queue.Queue]" = queue.Queue() if stream else None
 
@@ -53,12 +53,13 @@ class CallHandle:
     calls ``output()`` yields OutputChunk(stream, data) as the tool writes, and ends when
     the response has arrived."""
 
-    def __init__(self, client: "Client", pending: _Pending):
+    def __init__(self, client: "Client", pending: _Pending) -> None:
         self._client = client
         self._p = pending
         self.msgid = pending.msgid
 
     def done(self) -> bool:
+        """Whether the response has arrived (or the connection ended)."""
         return self._p.event.is_set()
 
     def result(self, timeout: Optional[float] = None) -> CallResult:
@@ -97,7 +98,7 @@ class Session:
     """A session opened with ``Client.open_session``. A context manager: ``close()`` on exit
     (a session that already expired or was closed is not an error there)."""
 
-    def __init__(self, client: "Client", info: SessionInfo):
+    def __init__(self, client: "Client", info: SessionInfo) -> None:
         self.client = client
         self.info = info
         self.session_id = info.session_id
@@ -107,18 +108,26 @@ class Session:
         self.closed = False
 
     def call(self, tool: str, argv: Optional[Sequence[str]] = None, **kw: Any) -> CallResult:
+        """Run ``tool`` in this session and wait for its CallResult (see Client.call)."""
         return self.client.call(self.session_id, tool, argv, **kw)
 
     def start_call(self, tool: str, argv: Optional[Sequence[str]] = None, **kw: Any) -> CallHandle:
+        """Start ``tool`` in this session; returns its CallHandle (see Client.start_call)."""
         return self.client.start_call(self.session_id, tool, argv, **kw)
 
+    def stream_call(self, tool: str, argv: Optional[Sequence[str]] = None,
+                    **kw: Any) -> Iterator[Union[OutputChunk, CallResult]]:
+        """OutputChunks as the tool writes, then its CallResult (see Client.stream_call)."""
+        return self.client.stream_call(self.session_id, tool, argv, **kw)
+
     def renew(self, rpc_timeout: Optional[float] = None) -> int:
-        res = self.client.request("session.renew", {"session_id": self.session_id},
-                                  rpc_timeout=rpc_timeout)
-        self.expires_at_ms = res.get("expires_at_ms")
+        """Touch the lease; returns the new ``expires_at_ms``."""
+        self.expires_at_ms = self.client.renew_session(self.session_id, rpc_timeout=rpc_timeout)
         return self.expires_at_ms
 
     def close(self, rpc_timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Kill the session's calls and remove its root: ``{removed, calls_killed}``.
+        Closing it again answers ``{removed: False, calls_killed: 0}``."""
         res = self.client.close_session(self.session_id, rpc_timeout=rpc_timeout)
         self.closed = True
         return res
@@ -154,10 +163,9 @@ class Client:
         self.proc = proc
         self.sock = sock
         self.rpc_timeout = rpc_timeout
-        self._lock = threading.Lock()          # pending map, msgids
+        self._lock = threading.Lock()          # the core's pending map and msgids
         self._wlock = threading.Lock()         # one message on the wire at a time
-        self._pending: Dict[int, _Pending] = {}
-        self._ids = _proto.MsgidAllocator()
+        self._core: _proto.Core[_Pending] = _proto.Core()
         self._subscribers: List[Callable[[str, Dict[str, Any]], None]] = []
         self._notes: Deque[Notification] = collections.deque(maxlen=keep_notifications)
         self._notes_cv = threading.Condition()
@@ -226,8 +234,8 @@ class Client:
     # ------------------------------------------------------------------ the reader thread
 
     def _read_loop(self) -> None:
-        unpacker = _proto.new_unpacker()
         reason = "the server closed the connection"
+        error_type: type = ConnectionClosed
         try:
             while True:
                 try:
@@ -237,59 +245,43 @@ class Client:
                     break
                 if not data:
                     break
-                unpacker.feed(data)
-                for msg in unpacker:
-                    self._dispatch(msg)
-        except Exception as e:   # undecodable stream: nothing more can be trusted
-            reason = f"undecodable stream from the server: {e}"
+                with self._lock:
+                    events = self._core.feed(data)
+                for ev in events:
+                    self._dispatch(ev)
+        except ProtocolError as e:   # nothing more on this stream can be trusted
+            reason, error_type = str(e), ProtocolError
+            self._closer()
         finally:
-            self._fail_all(reason)
+            self._fail_all(reason, error_type)
 
-    def _dispatch(self, msg: Any) -> None:
-        try:
-            kind, fields = _proto.classify_message(msg)
-        except ProtocolError:
-            return   # ignore what we do not understand; the waiter times out
-        if kind == _proto.RESPONSE:
-            msgid, error, result = fields
-            with self._lock:
-                p = self._pending.pop(msgid, None) if isinstance(msgid, int) else None
-            if p is None:
-                return
-            p.error, p.result = error, result
+    def _dispatch(self, ev: "_proto.Event") -> None:
+        if isinstance(ev, _proto.Response):
+            p = ev.pending
+            p.error, p.result = ev.error, ev.result
             if p.chunks is not None:
                 p.chunks.put(_END)
             p.event.set()
             return
-        method, params = fields
-        if not isinstance(params, dict):
-            params = {"params": params}
-        if method == "call.output":
-            msgid = params.get("msgid")
-            with self._lock:
-                p = self._pending.get(msgid)
-            if p is not None and p.chunks is not None:
-                data = params.get("data")
-                if isinstance(data, str):
-                    data = data.encode("utf-8", "surrogateescape")
-                p.chunks.put(OutputChunk(str(params.get("stream")), bytes(data or b"")))
-                return
+        if isinstance(ev, _proto.Output):
+            ev.pending.chunks.put(ev.chunk)
+            return
         with self._notes_cv:
-            self._notes.append((method, params))
+            self._notes.append((ev.method, ev.params))
             self._notes_cv.notify_all()
         for cb in list(self._subscribers):
             try:
-                cb(method, params)
+                cb(ev.method, ev.params)
             except Exception:   # a subscriber's bug must not kill the reader
                 pass
 
-    def _fail_all(self, reason: str) -> None:
+    def _fail_all(self, reason: str, error_type: type = ConnectionClosed) -> None:
         with self._lock:
             self.closed = True
             self.close_reason = reason
-            pending, self._pending = self._pending, {}
-        for p in pending.values():
-            p.closed_error = ConnectionClosed(reason, msgid=p.msgid)
+            pending = self._core.take_all()
+        for p in pending:
+            p.closed_error = error_type(reason, msgid=p.msgid)
             if p.chunks is not None:
                 p.chunks.put(_END)
             p.event.set()
@@ -298,21 +290,19 @@ class Client:
 
     # ------------------------------------------------------------------ requests
 
-    def _send(self, method: str, params: Dict[str, Any], stream: bool = False) -> _Pending:
+    def _send(self, method: str, params: Optional[Dict[str, Any]], stream: bool = False) -> _Pending:
         with self._lock:
             if self.closed:
                 raise ConnectionClosed(self.close_reason or "connection closed")
-            msgid = self._ids.allocate(self._pending)
-            p = _Pending(msgid, method, stream)
-            self._pending[msgid] = p
-        data = _proto.pack_request(msgid, method, params)
+            p, data = self._core.request(method, params,
+                                         lambda msgid: _Pending(msgid, method, stream), stream)
         try:
             with self._wlock:
                 self._write(data)
         except (OSError, ValueError) as e:
             with self._lock:
-                self._pending.pop(msgid, None)
-            raise ConnectionClosed(f"write failed: {e}", msgid=msgid) from e
+                self._core.forget(p.msgid)
+            raise ConnectionClosed(f"write failed: {e}", msgid=p.msgid) from e
         return p
 
     def _wait(self, p: _Pending, timeout: Optional[float]) -> Any:
@@ -328,17 +318,21 @@ class Client:
 
     def request(self, method: str, params: Optional[Dict[str, Any]] = None, *,
                 rpc_timeout: Optional[float] = None) -> Any:
-        """Any method: send, wait, return the result or raise the RPC error."""
-        return self._wait(self._send(method, params if params is not None else {}), rpc_timeout)
+        """Any method: send ``[params]`` (``[]`` when None or empty), wait, return the
+        result or raise the RPC error (a StockadeError subclass)."""
+        return self._wait(self._send(method, params), rpc_timeout)
 
     def hello(self, client: Optional[str] = "stockade_client.py", *,
               rpc_timeout: Optional[float] = None) -> ServerInfo:
+        """The server's facts: protocol, version, policy, isolation, limits."""
         params = {"client": client} if client is not None else {}
         return ServerInfo.from_map(self.request("hello", params, rpc_timeout=rpc_timeout))
 
     def open_session(self, session_id: Optional[str] = None, ttl_ms: Optional[int] = None,
                      fuse_ms: Optional[int] = None, labels: Optional[Dict[str, Any]] = None,
                      *, rpc_timeout: Optional[float] = None) -> Session:
+        """Open a session (or reattach to ``session_id``); a context manager that closes
+        it on exit. ``labels`` (str to str) appear in the server's logs and stats."""
         res = self.request("session.open", _proto.open_params(session_id, ttl_ms, fuse_ms, labels),
                            rpc_timeout=rpc_timeout)
         return Session(self, SessionInfo.from_map(res))
@@ -348,10 +342,12 @@ class Client:
         return Session(self, SessionInfo(session_id=session_id, root=None))
 
     def renew_session(self, session_id: str, *, rpc_timeout: Optional[float] = None) -> int:
+        """Touch a session's lease; returns the new ``expires_at_ms``."""
         return self.request("session.renew", {"session_id": session_id},
                             rpc_timeout=rpc_timeout).get("expires_at_ms")
 
     def close_session(self, session_id: str, *, rpc_timeout: Optional[float] = None) -> Dict[str, Any]:
+        """``{removed, calls_killed}``; idempotent for a session that already ended."""
         return self.request("session.close", {"session_id": session_id}, rpc_timeout=rpc_timeout)
 
     def start_call(self, session_id: str, tool: str, argv: Optional[Sequence[str]] = None, *,
@@ -359,6 +355,8 @@ class Client:
                    timeout_ms: Optional[int] = None, deadline_ms: Optional[int] = None,
                    depth: Optional[int] = None, idempotent: Optional[bool] = None,
                    stream: bool = False, **extra: Any) -> CallHandle:
+        """Send a ``call`` and return its CallHandle at once (PROTOCOL.md, "call", for the
+        parameters; ``env=`` is passed through ``extra``)."""
         params = _proto.call_params(session_id, tool, argv, args, stdin, timeout_ms,
                                     deadline_ms, depth, idempotent, stream, **extra)
         return CallHandle(self, self._send("call", params, stream=stream))
@@ -369,17 +367,28 @@ class Client:
         tool; see CallResult.raise_for_class). RPC-slot errors raise."""
         return self.start_call(session_id, tool, argv, **kw).result(rpc_timeout)
 
+    def stream_call(self, session_id: str, tool: str, argv: Optional[Sequence[str]] = None,
+                    *, rpc_timeout: Optional[float] = None, **kw: Any
+                    ) -> Iterator[Union[OutputChunk, CallResult]]:
+        """Yields OutputChunk(stream, data) as the tool writes, then the CallResult last."""
+        kw["stream"] = True
+        h = self.start_call(session_id, tool, argv, **kw)
+        for chunk in h.output(rpc_timeout):
+            yield chunk
+        yield h.result(rpc_timeout)
+
     def cancel(self, msgid: int, *, rpc_timeout: Optional[float] = None) -> bool:
+        """Cancel the call sent with ``msgid``; True if it was running."""
         return bool(self.request("cancel", {"msgid": msgid}, rpc_timeout=rpc_timeout)
                     .get("cancelled"))
 
     def stats(self, *, rpc_timeout: Optional[float] = None) -> Dict[str, Any]:
-        return self.request("stats", {}, rpc_timeout=rpc_timeout)
+        """The server's counters (PROTOCOL.md, "stats")."""
+        return self.request("stats", None, rpc_timeout=rpc_timeout)
 
-    def reload_policy(self, path: Optional[str] = None, *,
-                      rpc_timeout: Optional[float] = None) -> Dict[str, Any]:
-        return self.request("policy.reload", {"path": path} if path is not None else {},
-                            rpc_timeout=rpc_timeout)
+    def reload_policy(self, *, rpc_timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Re-read the server's own policy file (admin peers only): ``{generation, sha256}``."""
+        return self.request("policy.reload", None, rpc_timeout=rpc_timeout)
 
     # ------------------------------------------------------------------ notifications
 
