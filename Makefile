@@ -22,7 +22,7 @@ LUA_SRC  := $(wildcard lua/*.lua)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/%)
 
-.PHONY: all deps check check-graph check-unit check-lua check-integration check-mcp demo fuzz clean bench bench-quick
+.PHONY: all deps check check-graph check-unit check-lua check-integration check-mcp check-node demo fuzz clean bench bench-quick
 all: stockade
 
 # ./stockade is a copy of the variant just built, so `make SAN=1 check` tests the sanitized one.
@@ -60,7 +60,7 @@ deps:
 
 check: deps
 	@$(MAKE) --no-print-directory all $(UNIT_BIN)
-	@$(MAKE) --no-print-directory check-graph check-unit check-lua check-integration check-mcp
+	@$(MAKE) --no-print-directory check-graph check-unit check-lua check-integration check-mcp check-node
 
 # The core's modules form no cycle (contrib/include-graph.sh --print shows the graph).
 check-graph:
@@ -87,6 +87,15 @@ tests/mcp/node_modules/.installed: tests/mcp/package.json tests/mcp/package-lock
 	@touch $@
 check-mcp: stockade tests/mcp/node_modules/.installed
 	cd tests/mcp && STOCKADE_BIN=$(CURDIR)/stockade node --test
+
+# contrib/node: the TypeScript/Node client's tests and the npm interop test, with the
+# packages of its lock file (npm ci, again only when the lock file changed).
+NODE_DIR := contrib/node
+$(NODE_DIR)/node_modules/.stamp: $(NODE_DIR)/package-lock.json $(NODE_DIR)/package.json
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+check-node: stockade $(NODE_DIR)/node_modules/.stamp
+	cd $(NODE_DIR) && STOCKADE_BIN=$(CURDIR)/stockade node --test test/*.test.js
 
 # libFuzzer over the decoder and dispatcher of `serve`, spawning stubbed.
 FUZZ_SECONDS ?= 60
@@ -134,4 +143,4 @@ demo: deps
 	@PYTHONPATH=contrib/python STOCKADE_BIN=$(CURDIR)/stockade $(PYTHON) contrib/demo.py
 
 clean:
-	rm -rf build stockade
+	rm -rf build stockade $(NODE_DIR)/node_modules $(NODE_DIR)/build

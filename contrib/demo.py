@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(HERE, "python"))
 
-from stockade_client import Client, StockadeError  # noqa: E402
+from stockade_client import BadRequest, Client, StockadeError  # noqa: E402
 
 BIN = os.environ.get("STOCKADE_BIN") or os.path.join(REPO, "stockade")
 POLICY = os.path.join(REPO, "policies", "default.lua")
@@ -119,6 +119,14 @@ def main():
             banner("the caller's own deadline runs out first", "sleep 5, deadline_ms=300")
             show(s.call("sleep", ["5"], deadline_ms=300))
 
+            banner("a typo in a parameter is refused, never silently ignored",
+                   "sleep 5, deadline=300 (the parameter is deadline_ms)")
+            try:
+                s.call("sleep", ["5"], deadline=300)
+                print("   ran: the typo was ignored")
+            except BadRequest as e:
+                print(f"   {e}")
+
             banner("a streamed call: output arrives while it runs",
                    "sh -c 'for i in 1 2 3; do echo tick $i; sleep 0.3; done', stream=True")
             h = s.start_call("sh", ["-c", "for i in 1 2 3; do echo tick $i; sleep 0.3; done"],
@@ -160,10 +168,12 @@ def main():
             print(f"== stats: sessions {st['sessions']}, running {st['running']}, processes "
                   f"{st['processes']}, zombies {st['zombies']}, fds {st['fds']}, rss {st['rss_kb']} KiB")
             print("   calls by class: " + ", ".join(f"{k} {v}" for k, v in sorted(st["calls"].items()) if v))
+            print(f"   session labels: {st.get('session_labels')}")
             root = s.root
             res = s.close()
             print()
             print(f"== session closed: {res}; root still there: {os.path.lexists(root)}")
+            print(f"== closed again (idempotent): {s.close()}")
         rc = client.close()
         client = None
         print(f"server exited with status {rc}")
