@@ -429,11 +429,6 @@ const msgpack_object *rpc_map_get(const msgpack_object *map, const char *key)
     return NULL;
 }
 
-bool rpc_obj_is_str(const msgpack_object *o)
-{
-    return o && o->type == MSGPACK_OBJECT_STR;
-}
-
 char *rpc_obj_strdup(const msgpack_object *o)
 {
     const char *p;

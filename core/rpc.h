@@ -90,7 +90,6 @@ void rpc_send_error_echo(struct rpc_conn *c, const msgpack_object *msgid, const 
 
 /* Reading params: a key in a map, or NULL. */
 const msgpack_object *rpc_map_get(const msgpack_object *map, const char *key);
-bool rpc_obj_is_str(const msgpack_object *o);
 char *rpc_obj_strdup(const msgpack_object *o);   /* str (or bin) -> NUL-terminated copy */
 
 #endif
