@@ -226,6 +226,21 @@ static const msgpack_object *param_get(struct params *p, const char *key)
     return o && o->type != MSGPACK_OBJECT_NIL ? o : NULL;
 }
 
+/* The value of `key` when it has `type`; NULL when absent, or (with the answer sent)
+ * when it has another type: "`key`: expected `what`". */
+static const msgpack_object *param_typed(struct params *p, const char *key,
+                                         msgpack_object_type type, const char *what)
+{
+    if (p->failed)
+        return NULL;
+    const msgpack_object *o = param_get(p, key);
+    if (o && o->type != type) {
+        param_fail(p, "%s: expected %s", key, what);
+        return NULL;
+    }
+    return o;
+}
+
 static bool str_has_nul(const msgpack_object *o)
 {
     return memchr(o->via.str.ptr, 0, o->via.str.size) != NULL;
@@ -287,13 +302,9 @@ static bool param_strv(struct params *p, const char *key, char ***out, size_t *n
 {
     *out = NULL;
     *n = 0;
-    if (p->failed)
-        return false;
-    const msgpack_object *o = param_get(p, key);
+    const msgpack_object *o = param_typed(p, key, MSGPACK_OBJECT_ARRAY, "an array of strings");
     if (!o)
-        return true;
-    if (o->type != MSGPACK_OBJECT_ARRAY)
-        return param_fail(p, "%s: expected an array of strings", key);
+        return !p->failed;
     for (uint32_t i = 0; i < o->via.array.size; i++) {
         const msgpack_object *e = &o->via.array.ptr[i];
         if (e->type != MSGPACK_OBJECT_STR || str_has_nul(e))
@@ -309,14 +320,8 @@ static bool param_strv(struct params *p, const char *key, char ***out, size_t *n
 /* A map, borrowed from the message (valid while the request is handled); NULL absent. */
 static bool param_map(struct params *p, const char *key, const msgpack_object **out)
 {
-    *out = NULL;
-    if (p->failed)
-        return false;
-    const msgpack_object *o = param_get(p, key);
-    if (o && o->type != MSGPACK_OBJECT_MAP)
-        return param_fail(p, "%s: expected a map", key);
-    *out = o;
-    return true;
+    *out = param_typed(p, key, MSGPACK_OBJECT_MAP, "a map");
+    return !p->failed;
 }
 
 /* A map of str to str without NUL bytes, at most `max` pairs, each at most `max_len`
@@ -370,14 +375,9 @@ static bool param_bin(struct params *p, const char *key, char **data, size_t *le
 
 static bool param_bool(struct params *p, const char *key, bool *out)
 {
-    *out = false;
-    if (p->failed)
-        return false;
-    const msgpack_object *o = param_get(p, key);
-    if (o && o->type != MSGPACK_OBJECT_BOOLEAN)
-        return param_fail(p, "%s: expected a boolean", key);
+    const msgpack_object *o = param_typed(p, key, MSGPACK_OBJECT_BOOLEAN, "a boolean");
     *out = o && o->via.boolean;
-    return true;
+    return !p->failed;
 }
 
 /* Every key was read by a reader, once: true, or false with BAD_REQUEST sent. */

@@ -92,23 +92,7 @@ def test_params_other_than_one_map_are_refused(raw, params):
     assert res is None
 
 
-def test_notifications_carry_one_map_argument(raw):
-    sid = open_raw(raw)
-    msgid = raw.request("call", {"session_id": sid, "tool": "sh", "stream": True,
-                                 "argv": ["-c", "printf out; printf err >&2"]})
-    err, r = raw.response(msgid)
-    assert err is None and r["class"] == "OK", (err, r)
-    notes = [m for m in raw.seen if m[0] == 2]
-    assert notes, "no call.output notification"
-    got = {"stdout": b"", "stderr": b""}
-    for n in notes:
-        assert len(n) == 3 and n[1] == "call.output"
-        args = note_args(n)                   # [2, method, [map]]
-        assert args["msgid"] == msgid
-        got[args["stream"]] += args["data"]
-    assert got == {"stdout": b"out", "stderr": b"err"}
-
-
+# call.output's framing: test_serve.py::test_stream_notifications_raw
 def test_session_expired_notification_is_protocol_2(raw):
     sid = open_raw(raw, ttl_ms=300)
     end = time.monotonic() + 15
