@@ -309,6 +309,40 @@ class RawConn:
                 pytest.fail(f"connection not closed within {timeout:.0f}s; got {summarize(got)}")
 
 
+def connect_as(sock_path, uid, timeout=15):
+    """Connect as uid and send hello; 'ANSWERED' / 'ERROR <class>' / 'CLOSED' / 'NOCONNECT'."""
+    script = r"""
+import os, socket, sys, msgpack
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(%d)
+try:
+    s.connect(sys.argv[1])
+    s.sendall(msgpack.packb([0, 1, "hello", {}]))
+except OSError as e:
+    print("NOCONNECT", e); sys.exit(0)
+u = msgpack.Unpacker(raw=False)
+while True:
+    try:
+        d = s.recv(65536)
+    except ConnectionResetError:
+        d = b""
+    if not d:
+        print("CLOSED"); sys.exit(0)
+    u.feed(d)
+    for m in u:
+        if m[0] == 1 and m[1] == 1:
+            print("ANSWERED" if m[2] is None else "ERROR " + str(m[2].get("class"))); sys.exit(0)
+""" % timeout
+
+    def demote():
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    cp = subprocess.run(["/usr/bin/python3", "-c", script, sock_path], capture_output=True,
+                        timeout=timeout + 10, preexec_fn=demote)
+    return cp.stdout.decode().strip() or cp.stderr.decode()[-500:]
+
+
 def note_args(msg):
     """The one map argument of a protocol-2 notification [2, method, [map]]."""
     assert msg[0] == 2 and isinstance(msg[2], list) and len(msg[2]) == 1, msg

@@ -19,7 +19,7 @@ import msgpack
 import pytest
 
 from serve_helpers import (POLICY, RELOAD_A, RELOAD_B, RPC_TIMEOUT, ServeProc, clean_env,
-                           is_int, live_with_marker, note_args, one_line, wait_until)
+                           connect_as, is_int, live_with_marker, one_line, wait_until)
 from stockade_client import (AsyncClient, BadRequest, Client, NoSuchSession, OutputChunk,
                              PolicyViolation, ProtocolError, SessionExpired)
 from stockade_client import _proto
@@ -381,6 +381,25 @@ def test_socket_mode_and_group(serve):
     assert st.st_gid == 65534
     s2 = serve(listen=True)
     assert stat.S_IMODE(os.stat(s2.sock_path).st_mode) == 0o600
+
+
+def test_socket_mode_and_group_admit_an_allowed_uid(serve):
+    # --allow-uid alone cannot admit another uid: the kernel refuses it at the 0600 socket
+    # before SO_PEERCRED is asked; with the group's rw bits it gets through and is served
+    if os.geteuid() != 0:
+        pytest.skip("connecting as another uid needs root")
+    alone = serve(listen=True, args=["--allow-uid", "65534"])
+    os.chmod(alone.sock_dir, 0o755)
+    assert connect_as(alone.sock_path, 65534).startswith("NOCONNECT")
+    s = serve(listen=True, args=["--allow-uid", "65534", "--socket-mode", "0660",
+                                 "--socket-group", "65534"])
+    os.chmod(s.sock_dir, 0o755)
+    out = connect_as(s.sock_path, 65534)
+    assert out.startswith("ANSWERED"), out
+    # the group's mode does not widen SO_PEERCRED: a uid not allowed is still refused
+    s2 = serve(listen=True, args=["--socket-mode", "0666"])
+    os.chmod(s2.sock_dir, 0o755)
+    assert not connect_as(s2.sock_path, 65534).startswith("ANSWERED")
 
 
 @pytest.mark.parametrize("args", [["--socket-mode", "0666x"], ["--socket-mode", "0755"],

@@ -26,7 +26,7 @@ import pytest
 
 from serve_helpers import (BROKEN_POLICY, REDACT_POLICY, LIMITS_POLICY, MiB, POLICY, RELOAD_A, RELOAD_B,
                            RPC_TIMEOUT, SMALL_POLICY, STOP_TIMEOUT, UUID4_RE, WIDE_POLICY,
-                           note_args,
+                           connect_as, note_args,
                            Closed, ServeProc, clean_env, assert_marker_gone, children, fd_count,
                            proc_state,
                            is_int, kill_marker, live_with_marker, one_line, sessions_left,
@@ -1293,46 +1293,12 @@ def test_listen_disconnect_spares_other_connections(serve, marker):
     c2.close()
 
 
-def _connect_as(sock_path, uid, timeout=15):
-    """Connect as uid and send hello; 'ANSWERED' / 'ERROR <class>' / 'CLOSED' / 'NOCONNECT'."""
-    script = r"""
-import os, socket, sys, msgpack
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.settimeout(%d)
-try:
-    s.connect(sys.argv[1])
-    s.sendall(msgpack.packb([0, 1, "hello", {}]))
-except OSError as e:
-    print("NOCONNECT", e); sys.exit(0)
-u = msgpack.Unpacker(raw=False)
-while True:
-    try:
-        d = s.recv(65536)
-    except ConnectionResetError:
-        d = b""
-    if not d:
-        print("CLOSED"); sys.exit(0)
-    u.feed(d)
-    for m in u:
-        if m[0] == 1 and m[1] == 1:
-            print("ANSWERED" if m[2] is None else "ERROR " + str(m[2].get("class"))); sys.exit(0)
-""" % timeout
-
-    def demote():
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-    cp = subprocess.run(["/usr/bin/python3", "-c", script, sock_path], capture_output=True,
-                        timeout=timeout + 10, preexec_fn=demote)
-    return cp.stdout.decode().strip() or cp.stderr.decode()[-500:]
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another uid")
 def test_listen_peer_uid_checked(serve):
     s = serve(listen=True, args=["--allow-uid", "0"])
     os.chmod(s.sock_dir, 0o755)
     os.chmod(s.sock_path, 0o666)       # let the kernel pass it; SO_PEERCRED must refuse
-    out = _connect_as(s.sock_path, 65534)
+    out = connect_as(s.sock_path, 65534)
     assert not out.startswith("ANSWERED"), f"a peer of uid 65534 was served: {out}"
     c = s.connect()
     assert c.hello().protocol == 2
@@ -1341,7 +1307,7 @@ def test_listen_peer_uid_checked(serve):
     s2 = serve(listen=True, args=["--allow-uid", "65534"])
     os.chmod(s2.sock_dir, 0o755)
     os.chmod(s2.sock_path, 0o666)
-    out = _connect_as(s2.sock_path, 65534)
+    out = connect_as(s2.sock_path, 65534)
     assert out.startswith("ANSWERED"), f"--allow-uid 65534 did not let uid 65534 in: {out}"
 
 
