@@ -220,6 +220,8 @@ export class Client extends EventEmitter {
     this.closed = false;
     this.closeReason = null;
     this._out = writable;
+    // a write to a peer that went away: reported once, by the read loop's end
+    writable.on?.('error', () => {});
     this._encoder = new Encoder();
     this._pending = new Map();
     this._next = 1;
@@ -316,6 +318,8 @@ export class Client extends EventEmitter {
   _send(method, params, { stream = false, timeoutMs = this.rpcTimeoutMs } = {}) {
     if (this.closed) throw new ConnectionClosed(this.closeReason ?? 'connection closed');
     const msgid = this._allocate();
+    const args = params && Object.keys(params).length ? [params] : [];
+    const bytes = this._encoder.encode([0, msgid, method, args]);   // throws before anything is pending
     const chunks = stream ? new ChunkQueue() : null;
     let timer = null;
     const promise = new Promise((resolve, reject) => {
@@ -337,8 +341,7 @@ export class Client extends EventEmitter {
         }, timeoutMs);
       }
     });
-    const args = params && Object.keys(params).length ? [params] : [];
-    this._out.write(this._encoder.encode([0, msgid, method, args]));
+    this._out.write(bytes);
     return { msgid, promise, chunks };
   }
 

@@ -5,7 +5,8 @@ import net from 'node:net';
 import { mkdtempSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import {
-  BadRequest, CallResult, Client, NoSuchSession, PolicyViolation, ProtocolError, ToolTimeout,
+  BadRequest, CallResult, Client, ConnectionClosed, NoSuchSession, PolicyViolation, ProtocolError,
+  ToolTimeout,
 } from '../index.js';
 import { serverArgv } from './helpers.js';
 
@@ -92,5 +93,22 @@ test('a server that sends garbage is a ProtocolError at once', async () => {
   } finally {
     server.close();
     rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('a server that dies fails the calls in flight with ConnectionClosed', async () => {
+  const [argv, cleanup] = serverArgv();
+  const c = Client.spawn(argv, { rpcTimeoutMs: 60000, stderr: 'ignore' });
+  try {
+    const s = await c.openSession();
+    const h = s.startCall('sleep', ['5']);
+    await c.stats();                // the call was read before the kill
+    c.child.kill('SIGKILL');        // the server this test started, by its pid
+    await assert.rejects(h.result, ConnectionClosed);
+    assert.equal(c.closed, true);
+    await assert.rejects(c.hello(), ConnectionClosed);
+  } finally {
+    await c.close();
+    cleanup();
   }
 });
