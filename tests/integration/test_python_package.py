@@ -11,7 +11,9 @@ import pytest
 from conftest import REPO_ROOT
 
 import stockade_client
-from stockade_client import AsyncCallHandle, AsyncClient, AsyncSession, CallHandle, Client, Session
+from stockade_client import (AsyncCallHandle, AsyncClient, AsyncSession, CallHandle, CallResult,
+                             Client, ServerInfo, Session, SessionInfo, StockadeError)
+from stockade_client import _proto
 
 
 def test_pip_installs_it_offline(tmp_path):
@@ -37,9 +39,12 @@ def test_pip_installs_it_offline(tmp_path):
 
 
 @pytest.mark.parametrize("cls", [Client, Session, CallHandle, AsyncClient, AsyncSession,
-                                 AsyncCallHandle])
+                                 AsyncCallHandle, CallResult, ServerInfo, SessionInfo,
+                                 StockadeError, _proto.Core])
 def test_every_public_method_has_a_docstring(cls):
-    missing = [name for name, fn in inspect.getmembers(cls, inspect.isfunction)
+    def public(m):
+        return inspect.isfunction(m) or isinstance(m, property)
+    missing = [name for name, fn in inspect.getmembers(cls, public)
                if not name.startswith("_") and not inspect.getdoc(fn)]
     assert missing == [], f"{cls.__name__}: no docstring on {missing}"
     assert inspect.getdoc(cls)

@@ -58,6 +58,7 @@ class CallResult:
 
     @property
     def ok(self) -> bool:
+        """True when the tool ran and exited 0 (class OK)."""
         return self.class_ == "OK"
 
     @property
@@ -143,4 +144,5 @@ class ServerInfo:
 
     @property
     def layers(self) -> List[str]:
+        """The isolation layers really active on the server's host."""
         return list(self.isolation.get("layers") or [])
