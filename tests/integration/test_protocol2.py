@@ -492,6 +492,16 @@ def test_client_raises_protocol_error_at_once(reply):
     theirs.close()
 
 
+def test_an_answer_before_the_garbage_still_arrives():
+    # the reply holds hello's answer (msgid 1) and then bytes that are not msgpack
+    c, theirs = _fake_server(msgpack.packb([1, 1, None, {"protocol": 2}]) + b"\xc1")
+    assert c.hello().protocol == 2
+    wait_until(lambda: c.closed, 10, "the client closing on the garbage")
+    assert "undecodable" in c.close_reason
+    c.close(timeout=5)
+    theirs.close()
+
+
 def test_async_client_raises_protocol_error_at_once():
     async def main():
         ours, theirs = socket.socketpair()

@@ -130,19 +130,22 @@ class Core(Generic[P]):
 
     def feed(self, data: bytes) -> List[Event]:
         """Bytes from the server -> events. Raises ProtocolError on what is not
-        MessagePack-RPC as PROTOCOL.md defines it."""
+        MessagePack-RPC as PROTOCOL.md defines it; its ``events`` attribute holds the
+        events decoded before it (deliver them, then fail what is still pending)."""
+        events: List[Event] = []
         try:
             self._unpacker.feed(data)
-            msgs = list(self._unpacker)
-        except ProtocolError:
+            for msg in self._unpacker:
+                ev = self._route(msg)
+                if ev is not None:
+                    events.append(ev)
+        except ProtocolError as e:
+            e.events = events
             raise
         except Exception as e:   # msgpack's own errors: not msgpack at all
-            raise ProtocolError(f"undecodable stream from the server: {e}") from e
-        events: List[Event] = []
-        for msg in msgs:
-            ev = self._route(msg)
-            if ev is not None:
-                events.append(ev)
+            err = ProtocolError(f"undecodable stream from the server: {e}")
+            err.events = events
+            raise err from e
         return events
 
     def _route(self, msg: Any) -> Optional[Event]:

@@ -176,6 +176,8 @@ class AsyncClient:
         except asyncio.CancelledError:
             reason = "client closed"
         except ProtocolError as e:   # nothing more on this stream can be trusted
+            for ev in getattr(e, "events", ()):
+                await self._dispatch(ev)
             reason, error_type = str(e), ProtocolError
             self._writer.close()
         except Exception as e:

@@ -250,6 +250,8 @@ class Client:
                 for ev in events:
                     self._dispatch(ev)
         except ProtocolError as e:   # nothing more on this stream can be trusted
+            for ev in getattr(e, "events", ()):
+                self._dispatch(ev)
             reason, error_type = str(e), ProtocolError
             self._closer()
         finally:
