@@ -4,10 +4,6 @@ stockade, through the whole happy path (hello, open, call, streamed call with
 notifications, cancel, close) and an error path. The npm side is
 contrib/node/test/interop.test.js (msgpack5rpc)."""
 
-import os
-
-import pytest
-
 from serve_helpers import POLICY, clean_env
 
 from pynvim.msgpack_rpc import AsyncSession, EventLoop, MsgpackStream, Session
