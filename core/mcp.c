@@ -763,7 +763,10 @@ static void on_server_response(struct mcp *m, uint32_t msgid, const msgpack_obje
         const msgpack_object *map = failed ? err : result;
         if (map->type == MSGPACK_OBJECT_MAP) {
             outcome_from_map(&o, map);
-            bool no_session = strcmp(o.class, "NO_SUCH_SESSION") == 0;
+            /* protocol 2 answers a session that lapsed lately SESSION_EXPIRED (ttl) */
+            bool lapsed = failed && strcmp(o.class, "SESSION_EXPIRED") == 0 && o.layer &&
+                          o.layer_len == 3 && memcmp(o.layer, "ttl", 3) == 0;
+            bool no_session = strcmp(o.class, "NO_SUCH_SESSION") == 0 || lapsed;
             if (no_session && !m->session_error && !m->fused && !p->resent && m->rpc) {
                 /* The session ended between the call's leaving and its arrival (a lapsed
                  * lease whose notice crossed it): once more, in a fresh session. */

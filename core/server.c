@@ -543,6 +543,14 @@ static void log_session(const struct srv_session *ss, const char *event)
         json_cstr(&f, ss->end_layer);
     }
     labels_json(&f, ss->labels);
+    /* the line a human greps for */
+    char msg[160];
+    if (ss->end_layer)
+        snprintf(msg, sizeof msg, "session %s expired (%s)", ss->s->id, ss->end_layer);
+    else
+        snprintf(msg, sizeof msg, "session %s %s", ss->s->id, event);
+    buf_append_lit(&f, ",\"msg\":");
+    json_cstr(&f, msg);
     log_json_line("info", f.data);
     buf_free(&f);
 }
