@@ -238,7 +238,7 @@ static void redact_feed(struct call *c, enum call_stream s, const char *data, si
     struct call_stream_state *st = s == CALL_STDOUT ? &c->out : &c->err;
     struct deliver_target target = {c, s};
     policy_redact_feed(c->policy, c->tool, s == CALL_STDOUT ? "stdout" : "stderr",
-                       c->session->id, &st->carry, data, n, mode, &c->result.redactions,
+                       c->session->id, &st->redact, data, n, mode, &c->result.redactions,
                        deliver_sink, &target);
 }
 
@@ -254,7 +254,7 @@ static void capture(struct call *c, enum call_stream s, const char *data, size_t
     /* Once the tool has been quiet a moment, what redaction holds back goes out, up to
      * the first place a secret could begin: a streamed prompt or progress line is not
      * stuck behind a window that never fills, and a secret split by a pause still is. */
-    if (c->out.carry.len || c->err.carry.len)
+    if (redact_stream_held(&c->out.redact) || redact_stream_held(&c->err.redact))
         ev_timer_again(c->loop, &c->quiet_timer);
 }
 
@@ -263,9 +263,9 @@ static void on_quiet(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop, (void)revents;
     struct call *c = w->data;
     ev_timer_stop(c->loop, w);
-    if (c->out.carry.len)
+    if (redact_stream_held(&c->out.redact))
         redact_feed(c, CALL_STDOUT, NULL, 0, REDACT_QUIET);
-    if (c->err.carry.len)
+    if (redact_stream_held(&c->err.redact))
         redact_feed(c, CALL_STDERR, NULL, 0, REDACT_QUIET);
 }
 
@@ -827,8 +827,8 @@ void call_free(struct call *c)
     free(c->result.message);
     buf_free(&c->result.out);
     buf_free(&c->result.err);
-    buf_free(&c->out.carry);
-    buf_free(&c->err.carry);
+    redact_stream_free(&c->out.redact);
+    redact_stream_free(&c->err.redact);
     buf_free(&c->out.tail);
     buf_free(&c->err.tail);
     policy_unref(c->policy);

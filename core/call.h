@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "proc.h"
+#include "redact.h"
 #include "spawn.h"
 #include "util.h"
 
@@ -78,7 +79,7 @@ struct call_stream_state {
     int fd;
     ev_io watcher;
     bool eof;
-    struct buf carry;           /* read, not yet past redaction */
+    struct redact_stream redact;    /* read, not yet past redaction */
     struct buf tail;            /* the last bytes delivered, for classify */
 };
 

@@ -651,44 +651,6 @@ static void set_plugin_dirs(struct policy *p)
 
 extern char **environ;
 
-/* Counting sort of the prefixes by first byte (an i-prefix under both of its cases). */
-static void index_prefixes(struct tool_def *d)
-{
-    size_t n = 0;
-    for (char **p = d->redact_prefixes; p && *p; p++)
-        n++;
-    for (char **p = d->redact_iprefixes; p && *p; p++)
-        n += 2;
-    d->redact_index = xcalloc(n + 1, sizeof *d->redact_index);
-    size_t count[256] = {0};
-    for (int pass = 0; pass < 2; pass++) {
-        size_t next[256];
-        if (pass == 1) {
-            size_t at = 0;
-            for (int c = 0; c < 256; c++) {
-                d->redact_at[c] = (uint16_t)at;
-                next[c] = at;
-                at += count[c];
-            }
-            d->redact_at[256] = (uint16_t)at;
-            for (int c = 0; c < 256; c++)
-                d->redact_starts[c] = count[c] > 0;
-        }
-        for (int ci = 0; ci < 2; ci++) {
-            for (char **p = ci ? d->redact_iprefixes : d->redact_prefixes; p && *p; p++) {
-                unsigned char c = (unsigned char)(*p)[0];
-                unsigned char cs[2] = {c, (unsigned char)(ci && c >= 'a' && c <= 'z' ? c - 32 : c)};
-                for (int k = 0; k < (ci && cs[1] != cs[0] ? 2 : 1); k++) {
-                    if (pass == 0)
-                        count[cs[k]]++;
-                    else
-                        d->redact_index[next[cs[k]]++] = (struct redact_prefix){*p, strlen(*p), ci};
-                }
-            }
-        }
-    }
-}
-
 /* engine.init(P, env): each tool's redaction chain; read back what the C fast path
  * needs. The environment is given to the engine only (for the values of denied names),
  * never to the policy. */
@@ -715,16 +677,15 @@ static enum policy_rc init_engine(struct policy *p, char **err)
         struct tool_def *d = &p->tools[i];
         lua_getfield(L, -1, d->name);
         lua_getfield(L, -1, "window");
-        d->redact_window = (size_t)lua_tointeger(L, -1);
+        size_t window = (size_t)lua_tointeger(L, -1);
         lua_getfield(L, -2, "active");
         d->redact_active = lua_toboolean(L, -1);
         lua_getfield(L, -3, "lua_always");
-        d->redact_lua_always = lua_toboolean(L, -1);
+        bool lua_always = lua_toboolean(L, -1);
         lua_getfield(L, -4, "prefixes");
-        d->redact_prefixes = read_strv(L, -1);
+        char **prefixes = read_strv(L, -1);
         lua_getfield(L, -5, "iprefixes");
-        d->redact_iprefixes = read_strv(L, -1);
-        index_prefixes(d);
+        d->redact = redact_set_new(prefixes, read_strv(L, -1), window, lua_always);
         lua_pop(L, 6);
     }
     lua_pop(L, 1);
@@ -839,9 +800,7 @@ void policy_unref(struct policy *p)
         free(p->tools[i].path);
         free(p->tools[i].owner);
         free(p->tools[i].where);
-        strv_free(p->tools[i].redact_prefixes);
-        strv_free(p->tools[i].redact_iprefixes);
-        free(p->tools[i].redact_index);
+        redact_set_free(p->tools[i].redact);
         strv_free(p->tools[i].env_allow);
     }
     free(p->tools);
@@ -1340,116 +1299,27 @@ bool policy_env_allowed(const struct policy *p, const struct tool_def *t, const 
     return *why == NULL;
 }
 
-/* The longest tail of text that is the beginning of some redactor's prefix. */
-static size_t partial_prefix_tail(const struct tool_def *t, const char *text, size_t len)
-{
-    size_t hold = 0;
-    for (int ci = 0; ci < 2; ci++) {
-        for (char **p = ci ? t->redact_iprefixes : t->redact_prefixes; p && *p; p++) {
-            size_t plen = strlen(*p);
-            for (size_t k = plen - 1 < len ? plen - 1 : len; k > hold; k--) {
-                const char *tail = text + len - k;
-                if (ci ? strncasecmp(tail, *p, k) == 0 : memcmp(tail, *p, k) == 0) {
-                    hold = k;
-                    break;
-                }
-            }
-        }
-    }
-    return hold;
-}
+struct redact_chain_target {
+    struct policy *policy;
+    const struct tool_def *tool;
+    const char *stream, *session_id;
+};
 
-/* Offset of the first place in text where some redactor's literal prefix occurs, or
- * len when none does. */
-static size_t first_prefix(const struct tool_def *t, const char *text, size_t len)
+static bool redact_chain(void *ud, const char *text, size_t len, enum redact_mode mode,
+                         struct buf *out, size_t *consumed, int64_t *count)
 {
-    /* One pass: only where a byte can start some prefix (redact_first) are the prefixes
-     * compared. Output without those bytes costs a table lookup per byte. */
-    const unsigned char *u = (const unsigned char *)text;
-    const uint16_t *at = t->redact_at;
-    const uint8_t *starts = t->redact_starts;
-    for (size_t i = 0; i < len; i++) {
-        /* the common case, skipped four bytes a step: none of them starts a prefix */
-        while (i + 4 <= len &&
-               !(starts[u[i]] | starts[u[i + 1]] | starts[u[i + 2]] | starts[u[i + 3]]))
-            i += 4;
-        while (i < len && !starts[u[i]])
-            i++;
-        if (i == len)
-            break;
-        unsigned c = u[i];
-        for (unsigned k = at[c]; k < at[c + 1]; k++) {
-            const struct redact_prefix *rp = &t->redact_index[k];
-            if (i + rp->len > len)
-                continue;
-            if (rp->ci ? strncasecmp(text + i, rp->s, rp->len) == 0
-                       : memcmp(text + i + 1, rp->s + 1, rp->len - 1) == 0)
-                return i;
-        }
-    }
-    return len;
+    struct redact_chain_target *t = ud;
+    return policy_redact(t->policy, t->tool, t->stream, t->session_id, text, len, mode, out,
+                         consumed, count) == POLICY_OK;
 }
 
 void policy_redact_feed(struct policy *p, const struct tool_def *t, const char *stream,
-                        const char *session_id, struct buf *carry, const char *data, size_t n,
-                        enum redact_mode mode, int64_t *count, redact_sink sink, void *ud)
+                        const char *session_id, struct redact_stream *rs, const char *data,
+                        size_t n, enum redact_mode mode, int64_t *count, redact_sink sink,
+                        void *ud)
 {
-    if (n)
-        buf_append(carry, data, n);
-    /* Redactors match from their literal prefix on: text before the first prefix goes
-     * out without Lua, and Lua sees a region of two windows from each prefix. Only
-     * function redactors (or prefix-less patterns) need Lua over everything. */
-    size_t off = 0, region_max = 2 * (t->redact_window ? t->redact_window : 1);
-    while (off < carry->len) {
-        const char *text = carry->data + off;
-        size_t len = carry->len - off;
-        size_t region = len;
-        enum redact_mode m = mode;
-        if (!t->redact_lua_always) {
-            size_t occ = first_prefix(t, text, len);
-            if (occ == len) {
-                /* nothing to find, except a prefix that the next read completes */
-                size_t hold = mode == REDACT_EOF ? 0 : partial_prefix_tail(t, text, len);
-                sink(ud, text, len - hold);
-                off += len - hold;
-                break;
-            }
-            if (occ > 0) {
-                sink(ud, text, occ);
-                off += occ;
-                continue;
-            }
-            if (len > region_max) {
-                region = region_max;
-                m = REDACT_MORE;
-            }
-        }
-        struct buf out = {0};
-        size_t used = 0;
-        enum policy_rc rc = policy_redact(p, t, stream, session_id, text, region, m, &out,
-                                          &used, count);
-        if (rc == POLICY_OK && used == 0 && region < len) {
-            /* a match longer than its declared window: decide on the region as it is */
-            rc = policy_redact(p, t, stream, session_id, text, region, REDACT_EOF, &out, &used,
-                               count);
-        }
-        if (rc != POLICY_OK) {
-            /* fail closed: what could not be checked does not leave */
-            static const char withheld[] = "[stockade: output withheld: redaction failed]\n";
-            sink(ud, withheld, sizeof withheld - 1);
-            used = region;
-        } else if (out.len) {
-            sink(ud, out.data, out.len);
-        }
-        buf_free(&out);
-        off += used;
-        if (used == 0)
-            break;      /* held: it may still be the start of a secret */
-    }
-    if (off == 0)
-        return;
-    memmove(carry->data, carry->data + off, carry->len - off);
-    carry->len -= off;
+    struct redact_chain_target target = {p, t, stream, session_id};
+    redact_stream_feed(t->redact, rs, data, n, mode, redact_chain, &target, count, sink, ud);
 }
 
 /* ---- describing a policy to another Lua state (gates, tests) ------------------------ */

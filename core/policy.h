@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "redact.h"
 #include "sandbox.h"
 #include "util.h"
 
@@ -24,12 +25,6 @@ struct policy_limits {
     int64_t alarm_zombies, alarm_fds, alarm_rss, alarm_processes, alarm_sessions;
 };
 
-struct redact_prefix {
-    const char *s;
-    size_t len;
-    bool ci;
-};
-
 struct tool_def {
     char *name;
     char *path;
@@ -43,19 +38,10 @@ struct tool_def {
     bool idempotent_fn;
     bool has_argv;
     bool has_output_check;      /* output = { format = "json", ... } */
-    /* redaction, from engine.init: the chain's widest window, and the literal prefixes
-     * that let the core skip Lua for text that cannot contain a match */
-    bool redact_active;
-    bool redact_lua_always;     /* a redactor without prefix, or a function */
-    char **redact_prefixes;     /* NULL-terminated */
-    char **redact_iprefixes;    /* the same, ASCII case-insensitive, lower-cased */
-    /* the prefixes indexed by their first byte (an i-prefix under both cases), so the
-     * scan compares only where a prefix can begin */
-    struct redact_prefix *redact_index;
-    uint16_t redact_at[257];    /* entries for byte c: [redact_at[c], redact_at[c+1]) */
-    uint8_t redact_starts[256]; /* 1: some prefix starts with byte c */
     char **env_allow;           /* names this tool may receive, besides the policy's */
-    size_t redact_window;
+    /* redaction, from engine.init: active when the tool's chain has a redactor */
+    bool redact_active;
+    struct redact_set *redact;
 };
 
 struct policy {
@@ -128,23 +114,17 @@ bool policy_classify(struct policy *p, const struct tool_def *t,
 
 /* One step of streaming redaction (see lua/engine.lua E.redact): appends the redacted
  * text to out, says how many input bytes it covers. Not OK: withhold the chunk. */
-enum redact_mode {
-    REDACT_MORE,    /* more output may follow */
-    REDACT_EOF,     /* the stream ended: everything goes, redacted */
-    REDACT_QUIET,   /* the tool went quiet: release what cannot start a secret */
-};
 enum policy_rc policy_redact(struct policy *p, const struct tool_def *t, const char *stream,
                              const char *session_id, const char *text, size_t len,
                              enum redact_mode mode, struct buf *out, size_t *consumed,
                              int64_t *count);
 
-/* Streaming redaction for one stream: data (or, with eof, the end) goes in; redacted
- * text comes out through sink, in order. `carry` holds what may still be the start of a
- * secret between calls. Text in which no redactor's literal prefix occurs skips Lua. */
-typedef void (*redact_sink)(void *ud, const char *data, size_t n);
+/* Streaming redaction for one stream of a call (see redact.h): data (or, with
+ * REDACT_EOF, the end) goes in; redacted text comes out through sink, in order. */
 void policy_redact_feed(struct policy *p, const struct tool_def *t, const char *stream,
-                        const char *session_id, struct buf *carry, const char *data, size_t n,
-                        enum redact_mode mode, int64_t *count, redact_sink sink, void *ud);
+                        const char *session_id, struct redact_stream *rs, const char *data,
+                        size_t n, enum redact_mode mode, int64_t *count, redact_sink sink,
+                        void *ud);
 
 /* Structured args -> argv: schema-validated, then the tool's argv hook. */
 struct msgpack_object;

@@ -214,15 +214,16 @@ static int l_redact(lua_State *L)
             stream = lua_tostring(L, -1);
         lua_pop(L, 2);
     }
-    struct buf out = {0}, carry = {0};
+    struct buf out = {0};
+    struct redact_stream rs = {0};
     int64_t count = 0;
     if (t->redact_active) {
         for (size_t off = 0; off < len; off += chunk) {
             size_t n = len - off < chunk ? len - off : chunk;
-            policy_redact_feed(h->policy, t, stream, "test-session", &carry, text + off, n,
+            policy_redact_feed(h->policy, t, stream, "test-session", &rs, text + off, n,
                                REDACT_MORE, &count, append_sink, &out);
         }
-        policy_redact_feed(h->policy, t, stream, "test-session", &carry, NULL, 0, REDACT_EOF,
+        policy_redact_feed(h->policy, t, stream, "test-session", &rs, NULL, 0, REDACT_EOF,
                            &count, append_sink, &out);
     } else {
         buf_append(&out, text, len);
@@ -230,7 +231,7 @@ static int l_redact(lua_State *L)
     lua_pushlstring(L, out.data ? out.data : "", out.len);
     lua_pushinteger(L, count);
     buf_free(&out);
-    buf_free(&carry);
+    redact_stream_free(&rs);
     return 2;
 }
 
