@@ -188,6 +188,17 @@ local function first_possible_start(chain, text)
   return first
 end
 
+-- The offset of the last "\n" in text[from..to], or nil. Plain finds forward: linear
+-- in to - from (a backward `.*()\n` match is quadratic on text without newlines).
+local function last_newline(text, from, to)
+  local at, i = nil, from
+  while true do
+    local a = text:find("\n", i, true)
+    if not a or a > to then return at end
+    at, i = a, a + 1
+  end
+end
+
 -- One step of streaming redaction: `text` is what the core held back plus the new
 -- chunk. Returns the redacted text to emit, how many input bytes it covers (the rest
 -- is held for the next call) and the number of redactions. mode: "more" (more may
@@ -213,9 +224,10 @@ function E.redact(P, toolname, stream, session, text, mode)
   local cut = #text - (window - 1)
   if cut <= 0 and #text < MAX_CARRY then return "", 0, 0 end
   if cut < 1 then cut = #text end
-  -- prefer a line boundary for redact functions, which see text in pieces
-  local nl = text:sub(1, cut):match(".*()\n")
-  if nl and nl > cut - window then cut = nl end
+  -- prefer a line boundary for redact functions, which see text in pieces; looked for
+  -- in the last window only, so the search is linear in the window, never quadratic
+  local nl = last_newline(text, math.max(cut - window + 1, 1), cut)
+  if nl then cut = nl end
   for _ = 1, 4 do                               -- until no match straddles the cut
     local before = cut
     for _, r in ipairs(chain) do cut = adjust_cut(r, text, cut) end

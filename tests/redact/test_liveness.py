@@ -1,0 +1,30 @@
+"""Redaction never stalls the server: its cost is linear in the output, whatever the
+output is (issue: "redaction is quadratic on text without newlines after a prefix")."""
+
+import time
+
+# 1 MiB of "eyJ" + 16381 x "a" blocks: every block begins like a JWT, none has a newline.
+ADVERSARIAL = ("b=$(head -c 16381 /dev/zero | tr '\\0' a); i=0; "
+               "while [ $i -lt 64 ]; do printf 'eyJ%s' \"$b\"; i=$((i+1)); done")
+
+# A bound, not a speed target: a trivial call of another session answers within this
+# while session A's output is being redacted (it took ~15 s when redaction was O(n^2)).
+NEIGHBOUR_BOUND_S = 2.0
+
+
+def test_prefix_dense_output_without_newlines_does_not_stall_others(serve):
+    c = serve().client
+    a, b = c.open_session(), c.open_session()
+    h = a.start_call("sh", ["-c", ADVERSARIAL])
+    worst, calls = 0.0, 0
+    while not h.done() or calls == 0:
+        t0 = time.monotonic()
+        r = b.call("true", [])
+        worst = max(worst, time.monotonic() - t0)
+        calls += 1
+        assert r.ok or worst >= NEIGHBOUR_BOUND_S, r
+    r = h.result(60)
+    assert r.ok, r
+    assert len(r.stdout) + r.truncated["stdout"] == 64 * 16384, (len(r.stdout), r.truncated)
+    assert worst < NEIGHBOUR_BOUND_S, \
+        f"another session's `true` took {worst:.2f}s while A's output was redacted ({calls} calls)"
