@@ -1,7 +1,7 @@
 # stockade — build, test, demo. `make`, `make check`, `make demo`, `make SAN=1 check`.
 CC      ?= cc
 PYTHON  := /usr/bin/python3
-PKGS    := lua5.4 lua5.4-cjson msgpack libseccomp nettle jansson
+PKGS    := lua5.4 lua5.4-cjson msgpack libseccomp nettle jansson libhs libpcre2-8
 DEPS    := contrib/deps-debian.sh
 
 VARIANT := $(if $(SAN),san,rel)
@@ -80,6 +80,7 @@ PYTEST := STOCKADE_BIN=$(CURDIR)/stockade STOCKADE_SANITIZED=$(SAN) PYTHONPATH=c
 check-integration: stockade
 	$(PYTEST) tests/integration
 	$(PYTEST) tests/security
+	$(PYTEST) tests/redact
 
 # `stockade mcp` against the official MCP SDK client (pinned by tests/mcp/package-lock.json).
 tests/mcp/node_modules/.installed: tests/mcp/package.json tests/mcp/package-lock.json

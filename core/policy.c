@@ -501,6 +501,7 @@ static void read_settings(struct policy *p, int t)
     li->depth = get_int(L, t, "limits", "depth");
     li->lua_memory = get_int(L, t, "limits", "lua_memory");
     li->lua_instructions = get_int(L, t, "limits", "lua_instructions");
+    li->redact_hold = get_int(L, t, "limits", "redact_hold");
     /* alarms: 0 = unset, the server derives a default from the other limits */
     lua_getfield(L, t, "limits");
     lua_getfield(L, -1, "alarms");
@@ -651,6 +652,28 @@ static void set_plugin_dirs(struct policy *p)
 
 extern char **environ;
 
+/* The list of {name, regex, open, replace} on top of the stack, compiled. */
+static struct redact_rules *compile_redact_rules(lua_State *L, size_t hold, char **err)
+{
+    size_t n = lua_rawlen(L, -1);
+    struct redact_rule_spec *specs = xcalloc(n ? n : 1, sizeof *specs);
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, -1, (lua_Integer)i + 1);
+        static const char *const fields[] = {"name", "regex", "open", "replace"};
+        const char **dst[] = {&specs[i].name, &specs[i].regex, &specs[i].open,
+                              &specs[i].replace};
+        for (int f = 0; f < 4; f++) {
+            lua_getfield(L, -1, fields[f]);
+            *dst[f] = lua_isstring(L, -1) ? lua_tostring(L, -1) : "";
+            lua_pop(L, 1);      /* the string stays alive in the table */
+        }
+        lua_pop(L, 1);          /* ...and the table in the list on the stack */
+    }
+    struct redact_rules *r = redact_rules_compile(specs, n, hold, err);
+    free(specs);
+    return r;
+}
+
 /* engine.init(P, env): each tool's redaction chain; read back what the C fast path
  * needs. The environment is given to the engine only (for the values of denied names),
  * never to the policy. */
@@ -673,23 +696,46 @@ static enum policy_rc init_engine(struct policy *p, char **err)
     enum policy_rc rc = policy_pcall(p, 2, 1, "init", err);
     if (rc != POLICY_OK)
         return rc;
-    for (size_t i = 0; i < p->ntools; i++) {
+    struct redact_rules *shared = NULL;
+    bool ok = true;
+    for (size_t i = 0; ok && i < p->ntools; i++) {
         struct tool_def *d = &p->tools[i];
         lua_getfield(L, -1, d->name);
+        struct redact_rules *rules = NULL;
+        lua_getfield(L, -1, "regex_shared");
+        bool is_shared = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        if (is_shared && shared) {
+            rules = redact_rules_ref(shared);
+        } else {
+            lua_getfield(L, -1, "regex");
+            rules = compile_redact_rules(L, (size_t)p->limits.redact_hold, err);
+            lua_pop(L, 1);
+            if (!rules) {
+                ok = false;
+                lua_pop(L, 1);
+                break;
+            }
+            if (is_shared)
+                shared = redact_rules_ref(rules);
+        }
         lua_getfield(L, -1, "window");
         size_t window = (size_t)lua_tointeger(L, -1);
-        lua_getfield(L, -2, "active");
-        d->redact_active = lua_toboolean(L, -1);
+        lua_getfield(L, -2, "lua");
+        bool lua = lua_toboolean(L, -1);
         lua_getfield(L, -3, "lua_always");
         bool lua_always = lua_toboolean(L, -1);
         lua_getfield(L, -4, "prefixes");
         char **prefixes = read_strv(L, -1);
         lua_getfield(L, -5, "iprefixes");
-        d->redact = redact_set_new(prefixes, read_strv(L, -1), window, lua_always);
+        d->redact = redact_set_new(rules, lua, prefixes, read_strv(L, -1), window, lua_always);
+        d->redact_active = lua || redact_rules_count(rules) > 0;
+        redact_rules_unref(rules);
         lua_pop(L, 6);
     }
+    redact_rules_unref(shared);
     lua_pop(L, 1);
-    return POLICY_OK;
+    return ok ? POLICY_OK : POLICY_ERR;
 }
 
 struct policy *policy_load(const char *path, char **err)

@@ -1,8 +1,376 @@
 #include "redact.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <hs.h>
+#include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+
+/* ---- the regex stage: compiled rules ------------------------------------------------ */
+
+#define OPEN_WIDTH_MAX 256      /* an opener is short: it is what begins a secret */
+#define LOOKBEHIND 256          /* emitted bytes kept in view before what is held */
+#define MATCH_LIMIT 10000000    /* PCRE2 backtracking steps for one resolution */
+
+struct redact_rule {
+    char *name;
+    char *replace;
+    size_t replace_len;
+    pcre2_code *re;
+    int secret_group;           /* 0: the whole match */
+};
+
+struct redact_rules {
+    unsigned refs;
+    size_t n;
+    struct redact_rule *rule;
+    size_t hold_max;
+    size_t open_width;          /* the widest opener */
+    hs_database_t *db;          /* every rule's opener, id = rule index, SOM leftmost */
+    hs_scratch_t *scratch;      /* the loop is one thread: one scratch per database */
+    pcre2_code *open_any;       /* the openers as one PCRE2 alternation (quiet tails) */
+    pcre2_match_data *md;
+    pcre2_match_context *mctx;
+    pcre2_jit_stack *jit_stack;
+};
+
+static pcre2_code *compile_pcre(const char *re, char **why)
+{
+    int code;
+    PCRE2_SIZE at;
+    pcre2_code *c = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, 0, &code, &at, NULL);
+    if (!c) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(code, msg, sizeof msg);
+        *why = xasprintf("at offset %zu: %s", (size_t)at, (char *)msg);
+        return NULL;
+    }
+    /* no JIT (an exotic platform) is only slower */
+    (void)pcre2_jit_compile(c, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
+    return c;
+}
+
+void redact_rules_unref(struct redact_rules *r)
+{
+    if (!r || --r->refs > 0)
+        return;
+    for (size_t i = 0; i < r->n; i++) {
+        free(r->rule[i].name);
+        free(r->rule[i].replace);
+        pcre2_code_free(r->rule[i].re);
+    }
+    free(r->rule);
+    hs_free_scratch(r->scratch);
+    hs_free_database(r->db);
+    pcre2_code_free(r->open_any);
+    pcre2_match_data_free(r->md);
+    pcre2_match_context_free(r->mctx);
+    pcre2_jit_stack_free(r->jit_stack);
+    free(r);
+}
+
+size_t redact_rules_count(const struct redact_rules *r)
+{
+    return r ? r->n : 0;
+}
+
+struct redact_rules *redact_rules_ref(struct redact_rules *r)
+{
+    if (r)
+        r->refs++;
+    return r;
+}
+
+struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, size_t n,
+                                          size_t hold_max, char **err)
+{
+    struct redact_rules *r = xcalloc(1, sizeof *r);
+    r->refs = 1;
+    r->n = n;
+    r->rule = xcalloc(n ? n : 1, sizeof *r->rule);
+    r->hold_max = hold_max ? hold_max : REDACT_HOLD_DEFAULT;
+    const char **opens = xcalloc(n ? n : 1, sizeof *opens);
+    unsigned *flags = xcalloc(n ? n : 1, sizeof *flags);
+    unsigned *ids = xcalloc(n ? n : 1, sizeof *ids);
+    struct buf any = {0};
+    char *why = NULL;
+    hs_compile_error_t *hs_err = NULL;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        const struct redact_rule_spec *sp = &specs[i];
+        struct redact_rule *rule = &r->rule[i];
+        rule->name = xstrdup(sp->name);
+        rule->replace = xstrdup(sp->replace);
+        rule->replace_len = strlen(sp->replace);
+        if (!(rule->re = compile_pcre(sp->regex, &why)))
+            goto bad_regex;
+        int g = pcre2_substring_number_from_name(rule->re, (PCRE2_SPTR) "secret");
+        rule->secret_group = g > 0 ? g : 0;
+        hs_expr_info_t *info = NULL;
+        if (hs_expression_info(sp->open, HS_FLAG_SOM_LEFTMOST, &info, &hs_err) != HS_SUCCESS)
+            goto bad_open;
+        bool wide = info->max_width > OPEN_WIDTH_MAX || info->min_width == 0;
+        if (info->max_width > r->open_width && info->max_width <= OPEN_WIDTH_MAX)
+            r->open_width = info->max_width;
+        free(info);
+        if (wide) {
+            *err = xasprintf("redactor %s: open must match between 1 and %d bytes", sp->name,
+                             OPEN_WIDTH_MAX);
+            goto fail;
+        }
+        opens[i] = sp->open;
+        flags[i] = HS_FLAG_SOM_LEFTMOST;
+        ids[i] = (unsigned)i;
+        buf_printf(&any, "%s(?:%s)", i ? "|" : "", sp->open);
+    }
+    if (n) {
+        if (hs_compile_multi(opens, flags, ids, (unsigned)n,
+                             HS_MODE_STREAM | HS_MODE_SOM_HORIZON_MEDIUM, NULL, &r->db,
+                             &hs_err) != HS_SUCCESS) {
+            i = hs_err->expression >= 0 ? (size_t)hs_err->expression : 0;
+            goto bad_open;
+        }
+        if (hs_alloc_scratch(r->db, &r->scratch) != HS_SUCCESS) {
+            *err = xasprintf("redactors: cannot allocate the matcher's scratch space");
+            goto fail;
+        }
+        buf_append(&any, "", 1);
+        if (!(r->open_any = compile_pcre(any.data, &why))) {
+            *err = xasprintf("redactors: the openers do not compile for PCRE2: %s", why);
+            goto fail;
+        }
+    }
+    r->md = pcre2_match_data_create(32, NULL);
+    r->mctx = pcre2_match_context_create(NULL);
+    pcre2_set_match_limit(r->mctx, MATCH_LIMIT);
+    r->jit_stack = pcre2_jit_stack_create(32 * 1024, 1024 * 1024, NULL);
+    pcre2_jit_stack_assign(r->mctx, NULL, r->jit_stack);
+    free(opens), free(flags), free(ids), buf_free(&any);
+    return r;
+
+bad_regex:
+    *err = xasprintf("redactor %s: bad regex %s", specs[i].name, why);
+    goto fail;
+bad_open:
+    *err = xasprintf("redactor %s: bad open (for Vectorscan): %s", i < n ? specs[i].name : "?",
+                     hs_err ? hs_err->message : "?");
+fail:
+    free(why);
+    if (hs_err)
+        hs_free_compile_error(hs_err);
+    free(opens), free(flags), free(ids), buf_free(&any);
+    redact_rules_unref(r);
+    return NULL;
+}
+
+/* ---- the regex stage: one stream ----------------------------------------------------- */
+
+struct candidate {
+    uint64_t start;             /* stream offset where an opener begins */
+    unsigned rule;
+};
+
+struct redact_regex_stream {
+    hs_stream_t *hs;
+    /* text[0..done) went out already (kept as look-behind); text[done..) is held */
+    struct buf text;
+    size_t done;
+    uint64_t base;              /* stream offset of text.data[0] */
+    struct candidate *cand;     /* sorted by (start, rule): rule order is priority */
+    size_t ncand, cand_cap;
+    size_t head_checked;        /* text.len when the head candidate was last found growing */
+    bool withheld;              /* failed closed: the rest of the stream is dropped */
+};
+
+static int on_opener(unsigned id, unsigned long long from, unsigned long long to,
+                     unsigned flags, void *ud)
+{
+    (void)to, (void)flags;
+    struct redact_regex_stream *x = ud;
+    if (from < x->base + x->done)
+        return 0;       /* inside what was already redacted */
+    size_t k = x->ncand;
+    while (k > 0 && (x->cand[k - 1].start > from ||
+                     (x->cand[k - 1].start == from && x->cand[k - 1].rule > id)))
+        k--;
+    if (k > 0 && x->cand[k - 1].start == from && x->cand[k - 1].rule == id)
+        return 0;       /* the same opener, a longer end */
+    if (x->ncand == x->cand_cap) {
+        x->cand_cap = x->cand_cap ? 2 * x->cand_cap : 16;
+        x->cand = xrealloc(x->cand, x->cand_cap * sizeof *x->cand);
+    }
+    memmove(x->cand + k + 1, x->cand + k, (x->ncand - k) * sizeof *x->cand);
+    x->cand[k] = (struct candidate){from, id};
+    x->ncand++;
+    return 0;
+}
+
+static void drop_candidates_before(struct redact_regex_stream *x, uint64_t off)
+{
+    size_t k = 0;
+    while (k < x->ncand && x->cand[k].start < off)
+        k++;
+    memmove(x->cand, x->cand + k, (x->ncand - k) * sizeof *x->cand);
+    x->ncand -= k;
+}
+
+static void emit_to(struct redact_regex_stream *x, size_t to, redact_sink sink, void *ud)
+{
+    if (to > x->done) {
+        sink(ud, x->text.data + x->done, to - x->done);
+        x->done = to;
+    }
+}
+
+/* Where the earliest opener that the bytes after text[from] could still complete
+ * begins (text.len when none): those bytes must stay held while the tool is quiet. */
+static size_t partial_opener(const struct redact_rules *r, const struct redact_regex_stream *x,
+                             size_t from)
+{
+    for (size_t at = from; at < x->text.len;) {
+        int rc = pcre2_match(r->open_any, (PCRE2_SPTR)x->text.data, x->text.len, at,
+                             PCRE2_PARTIAL_HARD, r->md, r->mctx);
+        if (rc == PCRE2_ERROR_NOMATCH)
+            return x->text.len;
+        if (rc == PCRE2_ERROR_PARTIAL || rc < 0)
+            return rc == PCRE2_ERROR_PARTIAL ? pcre2_get_ovector_pointer(r->md)[0] : from;
+        at = pcre2_get_ovector_pointer(r->md)[0] + 1;
+    }
+    return x->text.len;
+}
+
+static void fail_closed(struct redact_regex_stream *x, int64_t *count, redact_sink sink, void *ud)
+{
+    static const char msg[] =
+        "[stockade: output withheld: a possible secret outgrew limits.redact_hold]\n";
+    sink(ud, msg, sizeof msg - 1);
+    x->withheld = true;
+    x->done = x->text.len;
+    x->ncand = 0;
+    ++*count;
+}
+
+/* Resolve openers in order, emitting what no match can cover, up to `safe` (text
+ * offsets below it cannot begin an opener not yet reported). */
+static void resolve(const struct redact_rules *r, struct redact_regex_stream *x, size_t safe,
+                    enum redact_mode mode, int64_t *count, redact_sink sink, void *ud)
+{
+    while (!x->withheld) {
+        if (x->ncand == 0 || x->cand[0].start - x->base >= safe) {
+            emit_to(x, safe, sink, ud);
+            return;
+        }
+        size_t start = (size_t)(x->cand[0].start - x->base);
+        const struct redact_rule *rule = &r->rule[x->cand[0].rule];
+        emit_to(x, start, sink, ud);
+        /* a growing match is tried again once the held text has grown by a quarter (or
+         * at the end, or when the tool is quiet): linear, however small the reads */
+        size_t held = x->text.len - start;
+        if (mode == REDACT_MORE && x->head_checked &&
+            x->text.len < x->head_checked + held / 4 + 4096)
+            return;
+        int rc = pcre2_match(rule->re, (PCRE2_SPTR)x->text.data, x->text.len, start,
+                             PCRE2_ANCHORED | (mode == REDACT_EOF ? 0 : PCRE2_PARTIAL_HARD),
+                             r->md, r->mctx);
+        if (rc == PCRE2_ERROR_PARTIAL) {
+            if (held > r->hold_max)
+                fail_closed(x, count, sink, ud);
+            x->head_checked = x->text.len;
+            return;
+        }
+        x->head_checked = 0;
+        if (rc == PCRE2_ERROR_NOMATCH) {
+            memmove(x->cand, x->cand + 1, (x->ncand - 1) * sizeof *x->cand);
+            x->ncand--;
+            continue;
+        }
+        if (rc < 0) {           /* over the match limit, out of JIT stack */
+            fail_closed(x, count, sink, ud);
+            return;
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(r->md);
+        size_t g = rc > rule->secret_group ? (size_t)rule->secret_group : 0;
+        size_t a = ov[2 * g], b = ov[2 * g + 1];
+        if (a == PCRE2_UNSET || b <= a || a < start) {
+            /* an empty secret redacts nothing: the opener was not one */
+            memmove(x->cand, x->cand + 1, (x->ncand - 1) * sizeof *x->cand);
+            x->ncand--;
+            continue;
+        }
+        emit_to(x, a, sink, ud);
+        sink(ud, rule->replace, rule->replace_len);
+        ++*count;
+        x->done = b;
+        drop_candidates_before(x, x->base + b);
+    }
+}
+
+/* The regex stage: data in, what no secret can still cover out through sink. */
+static void regex_feed(const struct redact_rules *r, struct redact_stream *rs, const char *data,
+                       size_t n, enum redact_mode mode, int64_t *count, redact_sink sink,
+                       void *ud)
+{
+    if (!rs->rx) {
+        rs->rx = xcalloc(1, sizeof *rs->rx);
+        if (hs_open_stream(r->db, 0, &rs->rx->hs) != HS_SUCCESS)
+            rs->rx->hs = NULL;
+    }
+    struct redact_regex_stream *x = rs->rx;
+    if (x->withheld)
+        return;
+    if (!x->hs) {
+        fail_closed(x, count, sink, ud);
+        return;
+    }
+    if (n) {
+        buf_append(&x->text, data, n);
+        if (hs_scan_stream(x->hs, data, (unsigned)n, 0, r->scratch, on_opener, x) != HS_SUCCESS) {
+            fail_closed(x, count, sink, ud);
+            return;
+        }
+    }
+    size_t safe;
+    if (mode == REDACT_EOF) {
+        hs_close_stream(x->hs, r->scratch, on_opener, x);
+        x->hs = NULL;
+        safe = x->text.len;
+    } else {
+        /* an opener not reported yet ends past the text, so begins in its last bytes */
+        size_t tail = r->open_width > 1 ? r->open_width - 1 : 0;
+        safe = x->text.len > x->done + tail ? x->text.len - tail : x->done;
+        if (mode == REDACT_QUIET)
+            safe = partial_opener(r, x, safe);
+    }
+    resolve(r, x, safe, mode, count, sink, ud);
+    if (mode == REDACT_EOF) {
+        x->withheld = true;     /* nothing more can come */
+        return;
+    }
+    /* keep LOOKBEHIND emitted bytes before what is held */
+    if (x->done > LOOKBEHIND) {
+        size_t drop = x->done - LOOKBEHIND;
+        memmove(x->text.data, x->text.data + drop, x->text.len - drop);
+        x->text.len -= drop;
+        x->done -= drop;
+        x->base += drop;
+        if (x->head_checked)
+            x->head_checked -= drop;
+    }
+}
+
+static void regex_stream_free(struct redact_regex_stream *x)
+{
+    if (!x)
+        return;
+    if (x->hs)
+        hs_close_stream(x->hs, NULL, NULL, NULL);
+    buf_free(&x->text);
+    free(x->cand);
+    free(x);
+}
+
+/* ---- a tool's set: the regex stage, then the Lua stage --------------------------------- */
 
 struct redact_prefix {
     const char *s;
@@ -11,6 +379,8 @@ struct redact_prefix {
 };
 
 struct redact_set {
+    struct redact_rules *rules; /* NULL: no regex redactors */
+    bool lua;                   /* the chain has Lua redactors */
     bool lua_always;            /* a redactor without prefix, or a function */
     size_t window;
     char **prefixes;            /* NULL-terminated */
@@ -67,10 +437,12 @@ static void index_prefixes(struct redact_set *set)
     }
 }
 
-struct redact_set *redact_set_new(char **prefixes, char **iprefixes, size_t window,
-                                  bool lua_always)
+struct redact_set *redact_set_new(struct redact_rules *rules, bool lua, char **prefixes,
+                                  char **iprefixes, size_t window, bool lua_always)
 {
     struct redact_set *set = xcalloc(1, sizeof *set);
+    set->rules = rules && rules->n ? redact_rules_ref(rules) : NULL;
+    set->lua = lua;
     set->prefixes = prefixes;
     set->iprefixes = iprefixes;
     set->window = window;
@@ -83,6 +455,7 @@ void redact_set_free(struct redact_set *set)
 {
     if (!set)
         return;
+    redact_rules_unref(set->rules);
     strv_free_all(set->prefixes);
     strv_free_all(set->iprefixes);
     free(set->index);
@@ -91,11 +464,13 @@ void redact_set_free(struct redact_set *set)
 
 size_t redact_stream_held(const struct redact_stream *rs)
 {
-    return rs->carry.len;
+    return rs->carry.len + (rs->rx ? rs->rx->text.len - rs->rx->done : 0);
 }
 
 void redact_stream_free(struct redact_stream *rs)
 {
+    regex_stream_free(rs->rx);
+    rs->rx = NULL;
     buf_free(&rs->carry);
 }
 
@@ -149,10 +524,10 @@ static size_t first_prefix(const struct redact_set *set, const char *text, size_
     return len;
 }
 
-void redact_stream_feed(const struct redact_set *set, struct redact_stream *rs,
-                        const char *data, size_t n, enum redact_mode mode,
-                        redact_chain_fn chain, void *chain_ud, int64_t *count,
-                        redact_sink sink, void *sink_ud)
+/* The Lua stage: text before the first literal prefix skips Lua. */
+static void lua_feed(const struct redact_set *set, struct redact_stream *rs, const char *data,
+                     size_t n, enum redact_mode mode, redact_chain_fn chain, void *chain_ud,
+                     int64_t *count, redact_sink sink, void *sink_ud)
 {
     struct buf *carry = &rs->carry;
     if (n)
@@ -209,4 +584,29 @@ void redact_stream_feed(const struct redact_set *set, struct redact_stream *rs,
         return;
     memmove(carry->data, carry->data + off, carry->len - off);
     carry->len -= off;
+}
+
+
+static void append_sink(void *ud, const char *data, size_t n)
+{
+    buf_append(ud, data, n);
+}
+
+void redact_stream_feed(const struct redact_set *set, struct redact_stream *rs,
+                        const char *data, size_t n, enum redact_mode mode,
+                        redact_chain_fn chain, void *chain_ud, int64_t *count,
+                        redact_sink sink, void *sink_ud)
+{
+    if (!set->rules) {
+        lua_feed(set, rs, data, n, mode, chain, chain_ud, count, sink, sink_ud);
+        return;
+    }
+    if (!set->lua) {
+        regex_feed(set->rules, rs, data, n, mode, count, sink, sink_ud);
+        return;
+    }
+    struct buf mid = {0};
+    regex_feed(set->rules, rs, data, n, mode, count, append_sink, &mid);
+    lua_feed(set, rs, mid.data, mid.len, mode, chain, chain_ud, count, sink, sink_ud);
+    buf_free(&mid);
 }

@@ -12,19 +12,67 @@ local WITHHELD = "[stockade: output withheld: redaction failed]"
 
 -- ---- redactors -------------------------------------------------------------------
 
+-- The literal that begins a regex: an optional leading \b, then letters, digits, "_" and
+-- escaped punctuation, up to the first other construct (a char made optional by the
+-- quantifier after it is not part of it). nil when shorter than two characters.
+local function literal_opener(re)
+  local out, i = {}, 1
+  local lead = ""
+  if re:sub(1, 2) == "\\b" then lead, i = "\\b", 3 end
+  local last_at
+  while i <= #re do
+    local c = re:sub(i, i)
+    if c:match("[%w_]") then
+      last_at = #out + 1
+      out[#out + 1] = c
+      i = i + 1
+    elseif c == "\\" and re:sub(i + 1, i + 1):match("[^%w]") and re:sub(i + 1, i + 1) ~= "" then
+      last_at = #out + 1
+      out[#out + 1] = re:sub(i, i + 1)
+      i = i + 2
+    else
+      break
+    end
+  end
+  local q = re:sub(i, i)
+  if (q == "?" or q == "*" or q == "{") and last_at then out[last_at] = nil end
+  if #out < 2 then return nil end
+  return lead .. table.concat(out)
+end
+
 -- Flatten the policy's `redact` lists (plugins export lists of redactors) into one list
 -- of normalized redactors: {kind="pattern"|"literal"|"function", ...}.
 local function add_redactors(out, r, where)
   if type(r) == "function" then
     out[#out + 1] = { kind = "function", fn = r, window = DEFAULT_FN_WINDOW, name = where }
+  elseif type(r) == "table" and r.regex ~= nil then
+    if type(r.regex) ~= "string" or #r.regex == 0 then
+      error(where .. ": regex must be a non-empty string", 0)
+    end
+    local open = r.open
+    if open == nil then open = literal_opener(r.regex) end
+    if type(open) ~= "string" or #open == 0 then
+      error(where .. ": a regex redactor needs `open` (a regex for how its matches begin)"
+            .. " unless its regex starts with a literal of two or more characters", 0)
+    end
+    if r.replace ~= nil and type(r.replace) ~= "string" then
+      error(where .. ": replace must be a string", 0)
+    end
+    local name = r.name or where
+    out[#out + 1] = { kind = "regex", regex = r.regex, open = open, name = name,
+                      replace = r.replace or ("[REDACTED:" .. name .. "]") }
   elseif type(r) == "table" and (r.pattern or r.literal) then
     if r.literal then
       if type(r.literal) ~= "string" or #r.literal == 0 then
         error(where .. ": literal redactor needs a non-empty string", 0)
       end
-      out[#out + 1] = { kind = "literal", literal = r.literal, prefix = r.literal,
-                        replace = r.replace or "[REDACTED]", window = #r.literal,
-                        name = r.name or where }
+      -- a literal is a regex redactor: the core finds it at any length, in one pass
+      local re = r.literal:gsub("[^%w]", function(c) return ("\\x%02x"):format(c:byte()) end)
+      local open = r.literal:sub(1, 64):gsub("[^%w]", function(c)
+        return ("\\x%02x"):format(c:byte())
+      end)
+      out[#out + 1] = { kind = "regex", regex = re, open = open,
+                        replace = r.replace or "[REDACTED]", name = r.name or where }
     else
       if type(r.pattern) ~= "string" then error(where .. ": pattern must be a string", 0) end
       local ok, err = pcall(string.find, "", r.pattern)
@@ -77,7 +125,8 @@ local function env_redactors(deny, env)
 end
 
 -- Prepare each tool's redactor chain once per policy load. Returns, per tool, what the
--- C fast path needs: the literal prefixes (when every redactor has one) and the window.
+-- core needs: the regex redactors (its own one-pass stage), and for the Lua stage the
+-- literal prefixes (when every Lua redactor has one) and the window.
 function E.init(P, env)
   local global = {}
   add_redactors(global, P.redact or {}, "redact")
@@ -87,20 +136,30 @@ function E.init(P, env)
     local chain = {}
     for _, r in ipairs(global) do chain[#chain + 1] = r end
     if tool.redact then add_redactors(chain, tool.redact, "tools." .. name .. ".redact") end
+    -- regex redactors (and literals) go to the core's one-pass stage, the others to Lua
+    local lua_chain, regex = {}, {}
     local window, prefixes, iprefixes, lua_always = 1, {}, {}, false
     for _, r in ipairs(chain) do
-      if r.window > window then window = r.window end
-      if r.prefix then
-        prefixes[#prefixes + 1] = r.prefix
-      elseif r.iprefix then
-        iprefixes[#iprefixes + 1] = r.iprefix
+      if r.kind == "regex" then
+        regex[#regex + 1] = { name = r.name, regex = r.regex, open = r.open,
+                              replace = r.replace }
       else
-        lua_always = true
+        lua_chain[#lua_chain + 1] = r
+        if r.window > window then window = r.window end
+        if r.prefix then
+          prefixes[#prefixes + 1] = r.prefix
+        elseif r.iprefix then
+          iprefixes[#iprefixes + 1] = r.iprefix
+        else
+          lua_always = true
+        end
       end
     end
-    tool._chain = chain
+    tool._chain = lua_chain
     info[name] = { window = window, prefixes = prefixes, iprefixes = iprefixes,
-                   lua_always = lua_always, active = #chain > 0 }
+                   lua_always = lua_always, lua = #lua_chain > 0, regex = regex,
+                   -- the same regex list as every tool without its own: compiled once
+                   regex_shared = not tool.redact }
   end
   return info
 end

@@ -127,6 +127,7 @@ local LIMITS = {
   output = is_size, stdin = is_size, argv = is_count, argv_bytes = is_size,
   sessions = is_count, running = is_count, depth = is_count,
   lua_memory = is_size, lua_instructions = is_count,
+  redact_hold = is_size,      -- the most output a possibly-growing secret may hold back
   -- accounting thresholds: crossing one raises an alarm (log, notification, metric)
   alarms = { zombies = is_count, fds = is_count, rss = is_size, processes = is_count,
              sessions = is_count },
@@ -141,6 +142,7 @@ local DEFAULTS = {
     open_files = 256, output = 1024 * 1024, stdin = 1024 * 1024, argv = 64,
     argv_bytes = 64 * 1024, sessions = 256, running = 64, depth = 4,
     lua_memory = 64 * 1024 * 1024, lua_instructions = 10000000,
+    redact_hold = 1024 * 1024,
   },
   env = { path = "/usr/bin:/bin", allow = {}, deny = {} },
 }
