@@ -69,10 +69,12 @@ check-graph:
 check-unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
-# LuaUnit suites: the bundled modules, every plugin, every shipped policy.
+# LuaUnit suites: the bundled modules, every plugin, every shipped policy. Fixtures in
+# tests/fixtures find the plugins through STOCKADE_PLUGIN_PATH.
 LUA_TESTS := $(wildcard tests/lua/test_*.lua plugins/tests/test_*.lua policies/tests/test_*.lua)
 check-lua: stockade
-	@set -e; for t in $(LUA_TESTS); do echo "== $$t"; ./stockade test $$t; done
+	@set -e; for t in $(LUA_TESTS); do echo "== $$t"; \
+	    STOCKADE_PLUGIN_PATH=$(CURDIR)/plugins ./stockade test $$t; done
 
 # Two runs: each directory has its own conftest.py.
 PYTEST := STOCKADE_BIN=$(CURDIR)/stockade STOCKADE_SANITIZED=$(SAN) PYTHONPATH=contrib/python \

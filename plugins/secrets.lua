@@ -5,70 +5,40 @@
 --
 -- Requires nothing: it runs in the policy sandbox (base, string, table, math, utf8).
 --
--- A declarative redactor is
+-- Every entry is a regex redactor (POLICY.md, extended; see the README's redaction
+-- section), which the core runs in one streaming pass over a tool's output:
 --
---   { name = "aws-access-key", pattern = LUA_PATTERN, replace = STR, window = N,
---     prefix = "AKIA" }
+--   { name = "github-token", open = [[gh[pousr]_]], regex = [[...]], replace = "..." }
 --
---   pattern  a Lua 5.4 pattern, applied with string.gsub (no alternation: where a secret
---            has several shapes there are several entries).
---   replace  a string.gsub replacement string: "%1" is the first capture, "%%" a literal
---            percent sign. Entries that keep some context readable (the key name of an
---            assignment, the Authorization header, the user of a URL) capture it and put
---            it back with "%1".
---   window   the longest text the pattern can match. The core keeps that many bytes
---            between streaming chunks so that a secret split across two reads is still
---            found. For most entries it is an exact bound: variable-length tokens are
---            written as  LITERAL .. CLASS x min .. CLASS? x (max - min)  with nothing
---            after the optional run, so the pattern can never match more than
---            #LITERAL + max bytes. (Nothing may follow such a run: a run of k optional
---            items followed by something that can fail backtracks through 2^k paths.
---            And Lua limits a pattern to ~200 nested items, so every run stays <= 150.
---            Matching is one C call, out of reach of the hooks' instruction budget:
---            every entry here stays linear on hostile input; see the tests.)
---            Six entries cannot be bounded that way — their variable part ends in a
---            delimiter ("-----END ...", ".", "@") or is of arbitrary length — and are
---            marked `unbounded = true`: there the window is a practical cap (the largest
---            realistic secret), a match longer than it is still redacted when it arrives
---            in one piece, but may be missed when it is cut across two reads.
---   prefix   a literal that every match starts with (it is always at offset 0 of the
---            match). The core runs the pattern only when memmem finds it in the text;
---            nil when the pattern has no literal start (the case-insensitive
---            Authorization entries), which makes the core run it on every chunk.
---   name     unique per entry; the marker in `replace` names the kind of secret, which
---            several entries share ("[REDACTED:aws-access-key]" for AKIA and ASIA ids).
+--   regex    a PCRE2 pattern. It sees the text before the place it is tried (so a
+--            left frontier such as (?<![A-Za-z0-9_]) works across reads) and, while a
+--            match may still grow, the core holds the text back (up to limits.
+--            redact_hold). When it has a named group (?<secret>...), only that group is
+--            replaced and the rest (a key name, a header, a URL's user) stays readable.
+--   open     a short pattern (Vectorscan syntax, at most 256 bytes wide) that every
+--            match of `regex` begins with, at the same offset. All openers of a policy
+--            are one Vectorscan database scanned once per read; `regex` runs only where
+--            an opener is found. Default: the literal `regex` starts with.
+--   replace  the text put in place of the secret: "[REDACTED:<kind>]".
 --
--- Order matters where patterns overlap; M.default is applied first to last:
---   1. private keys (PEM)     a key body is base64 and may contain anything below;
---                             the whole block goes as one redaction
---   2. jwt                    before the Authorization entries, so "Bearer eyJ..." is
---                             reported as a JWT; before the sk- entries (a JWT segment
---                             can contain "sk-")
---   3. anthropic (sk-ant-)    before OpenAI: "sk-" would match it too
---   4. openai project / service-account / admin keys (sk-proj-, sk-svcacct-, sk-admin-),
---      then the generic openai sk- entry
---   5. aws access key ids, aws secret access keys (assignment contexts only)
---   6. github (fine-grained, then ghp_/gho_/ghu_/ghs_/ghr_), gitlab, slack, stripe
---   7. url-password           after the token entries, so a known token inside a URL
---                             ("https://x:ghp_...@github.com") is reported by its kind
---   8. authorization bearer / basic   last, for the same reason
--- Every replacement text is inert: no entry matches "[REDACTED:...]", so applying the
--- set twice changes nothing the second time.
+-- The rule shapes come from public rule sets, cited per entry:
+--   gitleaks       https://github.com/gitleaks/gitleaks  config/gitleaks.toml
+--   detect-secrets https://github.com/Yelp/detect-secrets detect_secrets/plugins/*.py
+--   trufflehog     https://github.com/trufflesecurity/trufflehog pkg/detectors/*/*.go
+-- adapted: left frontiers as look-behinds, possessive runs (linear time on hostile
+-- input), lengths widened where a vendor may grow a token.
+--
+-- Order matters only where two entries can begin at the same offset: the first listed
+-- wins (sk-ant- before sk-). Elsewhere the earliest match wins, and what it covers is
+-- gone: a token inside a URL's password goes as the URL's password.
+--
+-- Every replacement text is inert: no entry matches "[REDACTED:...]".
 
 local M = {}
 
--- ---- helpers ----------------------------------------------------------------------
-
-local function escape(s)                  -- a literal as a Lua pattern
-  return (s:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0"))
-end
-
-local function rep(class, n) return string.rep(class, n) end
-local function upto(class, n) return string.rep(class .. "?", n) end
+local default = {}
 
 local function marker(kind) return "[REDACTED:" .. kind .. "]" end
-
-local default = {}
 
 local function add(r)
   r.replace = r.replace or marker(r.kind or r.name)
@@ -76,233 +46,331 @@ local function add(r)
   default[#default + 1] = r
 end
 
--- A token: a literal prefix, then min..max characters of `class`. `lead` is a frontier
--- that keeps the token from starting inside a longer word ("task-..." is not "sk-...").
--- With min == max and a `tail` frontier the length is exact.
+-- Frontiers: a token does not begin or end inside a longer word.
+local NOT_AFTER_TOKEN = [[(?<![A-Za-z0-9_-])]]
+local NOT_BEFORE_TOKEN = [[(?![A-Za-z0-9_-])]]
+
+-- A token: `open` (a literal or an alternation), then `body`; both frontiers.
 local function token(t)
-  local max = t.max or t.min
   add {
-    name = t.name, kind = t.kind,
-    pattern = (t.lead or "%f[%w]") .. escape(t.prefix) .. rep(t.class, t.min)
-              .. upto(t.class, max - t.min) .. (t.tail or ""),
-    prefix = t.prefix,
-    window = #t.prefix + max,
+    name = t.name, kind = t.kind, open = t.open,
+    regex = (t.lead or NOT_AFTER_TOKEN) .. "(?:" .. t.open .. ")" .. t.body
+            .. (t.tail or NOT_BEFORE_TOKEN),
   }
 end
 
--- ---- 1. private keys --------------------------------------------------------------
--- -----BEGIN <LABEL>-----  ...  -----END <LABEL>-----  where LABEL contains
--- "PRIVATE KEY": RSA, EC, DSA, OPENSSH, ENCRYPTED, plain PKCS#8, "PGP PRIVATE KEY
--- BLOCK". Up to the first END line of a private key (the labels need not agree: a
--- damaged block is still key material). The body is anything but "-" (base64, blanks,
--- armor headers, the "\n" escapes of a key inside a JSON string): so the lazy scan for
--- the END line stops at the next "-", and text full of BEGIN lines without END costs
--- linear time, not quadratic. Legacy OpenSSL-encrypted keys have "Proc-Type:" and
--- "DEK-Info: AES-128-CBC,..." header lines, which contain "-": a second entry.
--- Unbounded (the body is "[^-]-"): 8192 covers an RSA-8192 key (~6.4 KB). An
--- unterminated block (BEGIN without END, e.g. output cut by a size limit) is not
--- redacted.
-local PK_BEGIN = "%-%-%-%-%-BEGIN [%u ]-PRIVATE KEY[%u ]-%-%-%-%-%-"
-local PK_END = "%-%-%-%-%-END [%u ]-PRIVATE KEY[%u ]-%-%-%-%-%-"
+-- ---- private keys (PEM, OpenSSH, PGP) ---------------------------------------------------
+-- gitleaks "private-key": (?i)-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----
+-- [\s\S-]{64,}?KEY(?: BLOCK)?-----. Here the body is what a key body is — lines of
+-- base64 or armor headers ("Proc-Type:", "DEK-Info:", "Version:", "Comment:") — so two
+-- marker strings in prose or source, with other text between them, are not a key. A
+-- line may start with a diff marker or a quote ("-", "+", " ", ">": a key in `git log
+-- -p`), and lines may be joined by the two characters "\n" (a key inside a JSON
+-- string: GCP service-account files). The first body line must hold 16 base64
+-- characters (gitleaks' false positive "-----BEGIN PRIVATE KEY-----\nanything\n...").
+-- The whole block goes. Any length: the core holds it back until the END line.
+local NL = [[(?:\r?\n|(?:\\r)?\\n)]]
+local LEAD = [[[-+ >]?[ \t]*]]
+local HEADER = [[[A-Za-z][A-Za-z0-9-]*:[^\r\n\\]*+]]
+local PEM_LABEL = [[[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----]]
 add {
   name = "private-key",
-  pattern = PK_BEGIN .. "[^%-]-" .. PK_END,
-  prefix = "-----BEGIN ",
-  window = 8192,
-  unbounded = true,
+  open = "-----BEGIN " .. PEM_LABEL,
+  regex = "-----BEGIN " .. PEM_LABEL
+          .. "(?=(?:" .. NL .. LEAD .. HEADER .. ")*+(?:" .. NL .. LEAD .. ")?" .. NL .. LEAD
+          .. "[A-Za-z0-9+/=]{16})"
+          .. "(?:" .. NL .. "(?!" .. LEAD .. "-----)" .. LEAD
+          .. "(?:" .. HEADER .. "|[A-Za-z0-9+/=]*+[ \t]*+))*+"
+          .. NL .. LEAD .. "-----END " .. PEM_LABEL,
 }
+
+-- ---- JWT ---------------------------------------------------------------------------------
+-- gitleaks "jwt": \b(ey[a-zA-Z0-9]{17,}\.ey[a-zA-Z0-9\/\\_-]{17,}\.(?:[a-zA-Z0-9\/\\_-]
+-- {10,}={0,2})?). header.payload.signature in base64url; the signature may be empty
+-- (alg "none").
 add {
-  name = "private-key-encrypted", kind = "private-key",
-  pattern = PK_BEGIN .. "%s*Proc%-Type:[^\n]*\nDEK%-Info:[^\n]*\n[^%-]-" .. PK_END,
-  prefix = "-----BEGIN ",
-  window = 8192,
-  unbounded = true,
+  name = "jwt", open = "eyJ",
+  regex = NOT_AFTER_TOKEN .. [[eyJ[A-Za-z0-9_-]{10,}+\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+={0,2}]],
 }
 
--- ---- 2. JWT -----------------------------------------------------------------------
--- header.payload.signature, base64url; the header is JSON, so it starts with "eyJ"
--- ('{"'). Header >= 13 chars, payload >= 8, signature may be empty (alg "none").
--- Unbounded; 8192 is the size limit of most servers' request headers.
-local B64URL = "[%w_%-]"
+-- ---- AI providers ---------------------------------------------------------------------------
+-- gitleaks "anthropic-api-key" / "anthropic-admin-api-key": sk-ant-api03-<93>AA,
+-- sk-ant-admin01-<93>AA; here any sk-ant- key of 20..300.
+token { name = "anthropic-api-key", open = "sk-ant-", body = "[A-Za-z0-9_-]{20,300}+" }
+-- gitleaks "openai-api-key": sk-(proj|svcacct|admin)-...T3BlbkFJ... and legacy
+-- sk-<20>T3BlbkFJ<20>; here without the T3BlbkFJ marker (newer keys lack it). Legacy
+-- keys need 20 alphanumerics first, so "sk-loading-spinner-container" is not a key.
+token { name = "openai-project-key", kind = "openai-api-key", open = "sk-(?:proj|svcacct|admin)-",
+        body = "[A-Za-z0-9_-]{20,300}+" }
+token { name = "openai-api-key", open = "sk-", body = "[A-Za-z0-9]{20}[A-Za-z0-9_-]{0,280}+" }
+-- gitleaks "huggingface-access-token", "huggingface-organization-api-token";
+-- trufflehog huggingface: \b(?:hf_|api_org_)[a-zA-Z0-9]{34}\b
+token { name = "huggingface-token", open = "hf_|api_org_", body = "[A-Za-z0-9]{30,64}+" }
+
+-- ---- AWS ------------------------------------------------------------------------------------
+-- gitleaks "aws-access-token": \b((?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)[A-Z2-7]{16})\b
+token { name = "aws-access-key", open = "AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9]", body = "[A-Z0-9]{16}",
+        lead = "(?<![A-Za-z0-9])", tail = "(?![A-Za-z0-9])" }
+-- Secret access keys: 40 base64 characters are any hash (trufflehog aws/common.go
+-- SecretPat), so only beside their names: ~/.aws/credentials, env, `aws configure
+-- export-credentials` JSON. The name and separator stay.
+local ASSIGN = [==[["']?[ \t]{0,4}(?:=|:|=>)[ \t]{0,4}["']?]==]
 add {
-  name = "jwt",
-  pattern = "%f[%w_%-]eyJ" .. rep(B64URL, 10) .. B64URL .. "*%." .. rep(B64URL, 8)
-            .. B64URL .. "*%." .. B64URL .. "*",
-  prefix = "eyJ",
-  window = 8192,
-  unbounded = true,
+  name = "aws-secret-access-key",
+  open = [[(?i)(?:aws_?secret|secret_?access_?key)]],
+  regex = [[(?i)(?:aws_?secret_?(?:access_?)?key|secret_?access_?key)]] .. ASSIGN
+          .. [[(?<secret>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])]],
 }
-
--- ---- 3, 4. Anthropic, OpenAI --------------------------------------------------------
--- sk-ant-api03-<95> today (108 chars in all); up to 130 after "sk-ant-".
-token { name = "anthropic-api-key", prefix = "sk-ant-", class = B64URL, min = 20, max = 130 }
--- sk-proj-/sk-svcacct-/sk-admin- + ~156 chars of [A-Za-z0-9_-] today; up to 170.
-token { name = "openai-project-key", kind = "openai-api-key", prefix = "sk-proj-",
-        class = B64URL, min = 20, max = 170 }
-token { name = "openai-service-account-key", kind = "openai-api-key", prefix = "sk-svcacct-",
-        class = B64URL, min = 20, max = 170 }
-token { name = "openai-admin-key", kind = "openai-api-key", prefix = "sk-admin-",
-        class = B64URL, min = 20, max = 170 }
--- Legacy and other sk- keys: sk- + 48 alphanumerics. The first 20 characters after "sk-"
--- must be alphanumeric (no "-" or "_"): a kebab-case name such as
--- "sk-loading-spinner-container" is not a key. Up to 170 in all.
+-- trufflehog aws/session_keys: ASIA id + a session token of 100+ base64 characters;
+-- here beside its name (aws_session_token, AWS_SECURITY_TOKEN, "SessionToken").
 add {
-  name = "openai-api-key",
-  pattern = "%f[%w]sk%-" .. rep("%w", 20) .. upto(B64URL, 150),
-  prefix = "sk-",
-  window = 3 + 170,
+  name = "aws-session-token",
+  open = [[(?i)(?:aws_?session_?token|aws_?security_?token|sessiontoken)]],
+  regex = [[(?i)(?:aws_?session_?token|aws_?security_?token|sessiontoken)]] .. ASSIGN
+          .. [[(?<secret>[A-Za-z0-9/+=]{40,}+)]],
 }
 
--- ---- 5. AWS -------------------------------------------------------------------------
--- Access key ids: exactly AKIA (long-term) or ASIA (temporary, STS) + 16 [A-Z0-9], not
--- inside a longer word.
-for _, k in ipairs { { "aws-access-key", "AKIA" }, { "aws-temp-access-key", "ASIA" } } do
-  token { name = k[1], kind = "aws-access-key", prefix = k[2], class = "[A-Z0-9]",
-          min = 16, tail = "%f[^%w]" }
-end
-
--- Secret access keys: 40 base64 characters are indistinguishable from a git SHA-1 or
--- any other hash, so only the usual assignment contexts count:
---   aws_secret_access_key = ...          (~/.aws/credentials, boto, SDK configs)
---   AWS_SECRET_ACCESS_KEY=...            (environment, shell, .env)
---   "SecretAccessKey": "..."             (aws sts / aws configure export-credentials)
--- with an optional quote after the name, up to 4 blanks around "=" or ":", an optional
--- opening quote, then exactly 40 [A-Za-z0-9/+]. The name, separator and quote stay.
--- Mixed-case spellings of the name ("Aws_Secret_Access_Key") are not covered: a
--- case-insensitive name has no literal prefix for the core's prefilter.
-local SEP = "[\"']?" .. upto("[ \t]", 4) .. "[=:]" .. upto("[ \t]", 4) .. "[\"']?"
-local SEP_MAX = 1 + 4 + 1 + 4 + 1
-for _, k in ipairs {
-  { "aws-secret-access-key", "aws_secret_access_key" },
-  { "aws-secret-access-key-env", "AWS_SECRET_ACCESS_KEY" },
-  { "aws-secret-access-key-json", "SecretAccessKey" },
-} do
-  add {
-    name = k[1], kind = "aws-secret-access-key",
-    pattern = "(" .. escape(k[2]) .. SEP .. ")" .. rep("[%w/+]", 40) .. "%f[^%w/+]",
-    replace = "%1" .. marker("aws-secret-access-key"),
-    prefix = k[2],
-    window = #k[2] + SEP_MAX + 40,
-  }
-end
-
--- ---- 6. GitHub, GitLab, Slack, Stripe ------------------------------------------------
--- Fine-grained PATs: github_pat_ + 22 + "_" + 59 today (93 in all); 40..100 [%w_].
-token { name = "github-fine-grained-pat", kind = "github-token", prefix = "github_pat_",
-        class = "[%w_]", min = 40, max = 100 }
--- ghp_ (classic PAT), gho_ (OAuth), ghu_ (user-to-server), ghs_ (server-to-server),
--- ghr_ (refresh): 36 alphanumerics today; up to 76 (GitHub reserves the right to grow
--- them). One entry each, so that each has a 4-byte literal prefix.
-for _, k in ipairs {
-  { "github-pat", "ghp_" }, { "github-oauth-token", "gho_" },
-  { "github-user-token", "ghu_" }, { "github-server-token", "ghs_" },
-  { "github-refresh-token", "ghr_" },
-} do
-  token { name = k[1], kind = "github-token", prefix = k[2], class = "%w", min = 36, max = 76 }
-end
--- GitLab personal access tokens: glpat- + 20 [%w_-]; up to 80 (newer, longer formats).
-token { name = "gitlab-token", prefix = "glpat-", class = "[%w_%-]", min = 20, max = 80 }
--- Slack: xoxb- (bot), xoxp- (user), xoxa- (app), xoxr- (refresh), xoxs- (session),
--- xoxe- (rotating refresh) + [%w-]: 10..120 (real ones are 50..80).
+-- ---- Google Cloud ------------------------------------------------------------------------------
+-- gitleaks "gcp-api-key": \b(AIza[\w-]{35})
+token { name = "gcp-api-key", open = "AIza", body = "[A-Za-z0-9_-]{35}" }
+-- OAuth client secrets: GOCSPX- + 28 (the format Google issues since 2021; the value
+-- of "client_secret" in the client JSON, which trufflehog's
+-- gcpapplicationdefaultcredentials detector keys on).
+token { name = "gcp-oauth-client-secret", open = "GOCSPX-", body = "[A-Za-z0-9_-]{24,40}+" }
+-- trufflehog googleoauth2 access token: \b(ya29\.(?i:[a-z0-9_-]{10,}))
+token { name = "gcp-oauth-token", open = [[ya29\.]], body = "[A-Za-z0-9_-]{10,}+" }
+-- Service-account JSON: the key itself is the PEM entry (its "\n" escapes); the key id
+-- goes too (trufflehog gcp: the JSON with auth_provider_x509_cert_url).
 add {
-  name = "slack-token",
-  pattern = "%f[%w]xox[abeprs]%-" .. rep("[%w%-]", 10) .. upto("[%w%-]", 110),
-  prefix = "xox",
-  window = 5 + 120,
+  name = "gcp-private-key-id",
+  open = [["private_key_id"]],
+  regex = [["private_key_id"\s*:\s*"(?<secret>[0-9a-f]{16,64})"]],
 }
--- Incoming webhooks: hooks.slack.com/services/T.../B.../<24>; the path (20..80 of
--- [%w/]) is the secret, the host stays readable.
+
+-- ---- Azure ----------------------------------------------------------------------------------------
+-- detect-secrets azure_storage_key.py: AccountKey=[a-zA-Z0-9+\/=]{88}; trufflehog
+-- azure_storage keyPat (Access|Account|Storage)[_.-]?Key ... {86,88}={0,2}.
+add {
+  name = "azure-storage-key",
+  open = [[(?i)(?:account|storage|access)[_.-]?key]],
+  regex = [[(?i)(?:account|storage|access)[_.-]?key]] .. ASSIGN
+          .. [[(?<secret>[A-Za-z0-9+/]{86}[A-Za-z0-9+/=]{0,2}={0,2})]],
+}
+-- gitleaks "azure-ad-client-secret" / trufflehog azure_entra spv2:
+-- [a-zA-Z0-9_~.]{3}\dQ~[a-zA-Z0-9_~.-]{31,34}
+add {
+  name = "azure-client-secret",
+  open = [[[A-Za-z0-9_~.]{3}[0-9]Q~]],
+  regex = [[(?<![A-Za-z0-9_~.-])[A-Za-z0-9_~.]{3}[0-9]Q~[A-Za-z0-9_~.-]{31,34}(?![A-Za-z0-9_~.-])]],
+}
+
+-- ---- GitHub, GitLab, Atlassian/Bitbucket ------------------------------------------------------------
+-- gitleaks "github-pat", "github-oauth", "github-app-token", "github-refresh-token":
+-- gh[pousr]_[0-9a-zA-Z]{36}; "github-fine-grained-pat": github_pat_\w{82}. Widened.
+token { name = "github-fine-grained-pat", kind = "github-token", open = "github_pat_",
+        body = "[A-Za-z0-9_]{40,255}+" }
+token { name = "github-token", open = "gh[pousr]_", body = "[A-Za-z0-9]{36,255}+",
+        tail = "(?![A-Za-z0-9_])" }
+-- gitleaks gitlab-* and detect-secrets gitlab_token.py: glpat-, gldt-, glft-, glsoat-,
+-- glrt-, glcbt-, glimt-, glptt-, glagent-, gloas-, glffct- + 20..; GR1348941 runner
+-- registration; routable tokens end in ".<2><7>".
+token { name = "gitlab-token", open = "gl(?:pat|dt|ft|soat|rt|cbt|imt|ptt|agent|oas|ffct)-",
+        body = [[[A-Za-z0-9_-]{20,1024}+(?:\.[0-9a-z]{2}[0-9a-z]{7})?]] }
+token { name = "gitlab-runner-registration-token", kind = "gitlab-token", open = "GR1348941",
+        body = "[A-Za-z0-9_-]{20,64}+" }
+-- gitleaks "atlassian-api-token": ATATT3[A-Za-z0-9_\-=]{186}; trufflehog atlassian v2
+-- ATCTT3xFfG...; trufflehog bitbucketapppassword: ATBB[A-Za-z0-9_=.-]+
+token { name = "atlassian-token", open = "ATATT3|ATCTT3|ATBB", body = "[A-Za-z0-9_=.+/-]{24,400}+",
+        tail = "(?![A-Za-z0-9_=+/-])" }
+
+-- ---- Slack, Stripe, package registries, other prefixed tokens ---------------------------------------
+-- gitleaks slack-bot/user/app/legacy/config tokens: xox[baprseo]-..., xapp-...,
+-- xoxe.xox[bp]-1-<163..166>, xoxe-1-<146>; here one shape, 20..600 (gitleaks' false
+-- positive "xoxb-12345-abcd234" stays).
+token { name = "slack-token", open = [[xox[abeoprs]-|xapp-|xoxe\.xox[bp]-]],
+        body = "[A-Za-z0-9-]{20,600}+" }
+-- gitleaks "slack-webhook-url": hooks.slack.com/(services|workflows|triggers)/...
 add {
   name = "slack-webhook",
-  pattern = "(hooks%.slack%.com/services/)" .. rep("[%w/]", 20) .. upto("[%w/]", 60),
-  replace = "%1" .. marker("slack-webhook"),
-  prefix = "hooks.slack.com/services/",
-  window = #"hooks.slack.com/services/" + 80,
+  open = [[hooks\.slack\.com/]],
+  regex = [[hooks\.slack\.com/(?:services|workflows|triggers)/(?<secret>[A-Za-z0-9+/_-]{20,200}+)]],
 }
--- Stripe secret, restricted and test keys: 24 alphanumerics (older) to 99 (newer); up
--- to 100. (pk_ publishable keys are public.)
-for _, k in ipairs {
-  { "stripe-secret-key", "sk_live_" }, { "stripe-restricted-key", "rk_live_" },
-  { "stripe-test-key", "sk_test_" }, { "stripe-restricted-test-key", "rk_test_" },
+-- gitleaks "stripe-access-token": (sk|rk)_(test|live|prod)_[a-zA-Z0-9]{10,99}
+token { name = "stripe-key", open = "(?:sk|rk)_(?:live|test|prod)_", body = "[A-Za-z0-9]{10,255}+" }
+-- gitleaks "npm-access-token": npm_[a-z0-9]{36}; detect-secrets npm.py:
+-- //host/:_authToken=... (the .npmrc line; also _auth, _password).
+token { name = "npm-token", open = "npm_", body = "[A-Za-z0-9]{36}" }
+add {
+  name = "npmrc-auth", kind = "npm-token",
+  open = [[:_(?:authToken|auth|password)]],
+  regex = [[:_(?:authToken|auth|password)[ \t]*=[ \t]*["']?(?<secret>[^\s"']{6,}+)]],
+}
+-- gitleaks "pypi-upload-token": pypi-AgEIcHlwaS5vcmc[\w-]{50,1000}
+token { name = "pypi-token", open = "pypi-AgE", body = "[A-Za-z0-9_-]{50,2000}+" }
+-- gitleaks: sendgrid SG., digitalocean do[opr]_v1_, databricks dapi, shopify shp*_,
+-- linear lin_api_, pulumi pul-, rubygems rubygems_, doppler dp.pt., age
+-- AGE-SECRET-KEY-1, grafana glsa_/glc_, sentry sntrys_/sntryu_, postman PMAK-,
+-- heroku HRKU-AA, planetscale pscale_(tkn|oauth|pw)_, stripe webhook whsec_.
+for _, t in ipairs {
+  { "sendgrid-token", [[SG\.]], [[[A-Za-z0-9_-]{16,32}\.[A-Za-z0-9_-]{20,64}+]] },
+  { "digitalocean-token", "do[opr]_v1_", "[a-f0-9]{64}" },
+  { "databricks-token", "dapi", "[a-f0-9]{32}(?:-[0-9])?" },
+  { "shopify-token", "shp(?:at|ca|pa|ss)_", "[a-fA-F0-9]{32}" },
+  { "linear-api-key", "lin_api_", "[A-Za-z0-9]{40}" },
+  { "pulumi-token", "pul-", "[a-f0-9]{40}" },
+  { "rubygems-token", "rubygems_", "[a-f0-9]{48}" },
+  { "doppler-token", [[dp\.(?:pt|st|ct|sa|scim|audit)\.]], "[A-Za-z0-9]{40,48}" },
+  { "age-secret-key", "AGE-SECRET-KEY-1", "[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}" },
+  { "grafana-token", "glsa_|glc_", "[A-Za-z0-9_+/=]{32,400}+" },
+  { "sentry-token", "sntry[su]_", "[A-Za-z0-9_+/=]{40,400}+" },
+  { "postman-token", "PMAK-", "[a-fA-F0-9]{24}-[a-fA-F0-9]{34}" },
+  { "heroku-token", "HRKU-AA", "[0-9a-zA-Z_-]{58}" },
+  { "planetscale-token", "pscale_(?:tkn|oauth|pw)_", "[A-Za-z0-9_=.-]{32,64}+" },
+  { "stripe-webhook-secret", "whsec_", "[A-Za-z0-9+/=]{24,}+" },
 } do
-  token { name = k[1], kind = "stripe-key", prefix = k[2], class = "%w", min = 24, max = 100 }
+  token { name = t[1], open = t[2], body = t[3] }
 end
 
--- ---- 7. URL credentials ---------------------------------------------------------------
--- scheme://user:password@host: only the password goes, "https://bob:[REDACTED]@host".
--- The match starts at "://" (the scheme is outside it and stays). The user is RFC 3986
--- userinfo without ":" (may be empty: redis://:pw@host); the password may contain ":"
--- and, unencoded, "@" — as in browsers the last "@" before the host ends it — but not
--- "/", blanks or "[", so the marker is never matched again. Unbounded ("*", "+"): the
--- pattern needs the "@" after the password; 512 is a practical cap.
-local USERINFO = "%w%-%._~%%!%$&'%(%)%*%+,;="
+-- Values that are placeholders, not secrets: $VAR, <value>, {{ value }}, %(name)s, ***,
+-- xxxx, ..., type names and empty-ish words.
+local PLACEHOLDER = [[(?!\$|<|\{\{|%\(|\*{3}|x{4}|X{4}|\.{3}|DATA\+OMITTED|REDACTED|(?:str|string|bytes|bool|boolean|int|number|none|null|nil|true|false|undefined|optional|required)\b)]]
+
+-- ---- credentials in URLs, connection strings and config files ------------------------------------------
+-- trufflehog uri / redis / mongodb / postgres: scheme://user:PASSWORD@host. The match
+-- starts at "://" (the scheme stays) and only the password goes. The password may not
+-- contain blanks, quotes, "/", "@" (as in browsers the "@" before the host ends it).
+-- Placeholders stay (user:password@, :***@, :${PASS}@, :<password>@).
 add {
-  name = "url-password",
-  pattern = "(://[" .. USERINFO .. "]*:)[" .. USERINFO .. ":@]+@",
-  replace = "%1[REDACTED]@",
-  prefix = "://",
-  window = 512,
-  unbounded = true,
+  name = "url-password", open = "://",
+  regex = [[://[A-Za-z0-9._~%!$&'()*+,;=-]{0,256}+:(?!(?:pass(?:word)?|pwd|secret|x{3,}|\*+|\$\{?[A-Za-z_]+\}?|<[^>@]*>)@)(?<secret>[^\s/@"'<>`\\]{1,512}+)@]],
+  replace = "[REDACTED]",
+}
+-- trufflehog jdbc (pass.*?=), sqlserver (ADO.NET key=value;), postgres (libpq
+-- key='value'): a password key in a connection string, after ";", "?" or "&", or
+-- after a blank with "=" right behind it (libpq's "host=h password=p"; then the value
+-- needs a digit or a symbol: Python's "password=None, " stays).
+add {
+  name = "connection-string-password", kind = "password",
+  open = [[(?i)(?:password|pwd)[ \t]{0,4}=]],
+  regex = [[(?i)(?:(?<=[;?&])(?:password|pwd)[ \t]{0,4}=[ \t]*|(?<=[ \t])(?:password|pwd)=(?=[^;&\s"',()]*?[0-9!#$%^*+/=?@~-]))'?]]
+          .. PLACEHOLDER .. [[(?<secret>(?<=')[^'\r\n]{1,512}+|[^;&\s"',()][^;&\s"',()]{0,511}+)]],
+}
+-- .netrc (and curl's --netrc-file): machine HOST login USER password PASSWORD, the
+-- "machine" at the start of a line and a login before the password ("machine learning
+-- password manager" is prose).
+add {
+  name = "netrc-password", kind = "password",
+  open = "machine",
+  regex = [[(?m)(?<=^|^ |^  |^\t)machine[ \t]+\S+(?:\s+(?:login|account|port)[ \t]+\S+)+\s+password[ \t]+(?<secret>\S+)]],
+}
+-- kubeconfig (gitleaks kubernetes-secret-yaml, for Secret data; here the user's
+-- client-key-data, a base64 private key) and docker's config.json "auths" (trufflehog
+-- docker_auth_config: "auth": base64(user:password), "identitytoken").
+add {
+  name = "kubeconfig-client-key", kind = "private-key",
+  open = "client-key-data",
+  regex = [[client-key-data["']?[ \t]*:[ \t]*["']?(?<secret>[A-Za-z0-9+/=]{16,}+)]],
+}
+add {
+  name = "docker-auth",
+  open = [[(?i)"(?:auth|identitytoken|registrytoken)"]],
+  regex = [[(?i)"(?:auth|identitytoken|registrytoken)"\s*:\s*"(?<secret>[A-Za-z0-9+/=._-]{8,}+)"]],
 }
 
--- ---- 8. Authorization headers ----------------------------------------------------------
--- Header name and scheme are case-insensitive (HTTP/2 sends "authorization: bearer"),
--- so the literal prefix is given as `iprefix`, which the core compares without regard
--- to ASCII case. Also matches Proxy-Authorization, JSON and dict forms
--- ("Authorization": "Bearer ..."). The header and scheme stay; the credential goes.
--- Placeholders ("Bearer $TOKEN", "Bearer <token>") are not matched: the credential must
--- start with a token character and be at least 8 long. Unbounded; 4096 / 1024 caps.
-local function nocase(word)
-  return (word:gsub("%a", function(c) return "[" .. c:upper() .. c:lower() .. "]" end))
-end
-local AUTH = nocase("authorization") .. "[\"']?[ \t]*[:=][ \t]*[\"']?"
+-- ---- HTTP authentication ----------------------------------------------------------------------------------
+-- Authorization / Proxy-Authorization in any case, any scheme (Bearer, Basic, Token,
+-- Digest, AWS4-HMAC-SHA256 ...): the header and scheme stay, the credentials go
+-- (comma-separated parameters included). gitleaks "curl-auth-header" for the shapes
+-- (-H "Authorization: ...", X-Api-Key, X-Auth-Token). Placeholders ($TOKEN, <token>,
+-- {{token}}) are left alone.
+local CRED = [[(?![$<{%*])(?<secret>[^\s"'`]{8,}+(?:,[ \t]*[A-Za-z]+=[^\s,"'`]++)*+)]]
 add {
-  name = "authorization-bearer",
-  pattern = "(" .. AUTH .. nocase("bearer") .. "[ \t]+)" .. rep("[%w%-%._~%+/]", 8)
-            .. "[%w%-%._~%+/]*=*",
-  replace = "%1" .. marker("bearer-token"),
-  iprefix = "authorization",
-  window = 4096,
-  unbounded = true,
+  name = "authorization",
+  open = [[(?i)(?:proxy-)?authorization]],
+  regex = [[(?i)(?:proxy-)?authorization(?:[ \t]*:|["'][ \t]*(?:=>|:|=))[ \t]*["']?]]
+          .. [[(?:(?:bearer|basic|token|digest|negotiate|ntlm|apikey|api-key|sso-key|aws4-hmac-sha256|otp|key)[ \t]+)?]]
+          .. CRED,
 }
 add {
-  name = "authorization-basic",
-  pattern = "(" .. AUTH .. nocase("basic") .. "[ \t]+)" .. rep("[%w%+/]", 8) .. "[%w%+/]*=*",
-  replace = "%1" .. marker("basic-credentials"),
-  iprefix = "authorization",
-  window = 1024,
-  unbounded = true,
+  name = "api-key-header", kind = "authorization",
+  open = [[(?i)x-(?:[a-z]{1,20}-)?(?:api-?key|auth-?token|access-?token|token|key|secret)]],
+  regex = [[(?i)x-(?:[a-z]{1,20}-)?(?:api-?key|auth-?token|access-?token|token|key|secret)["']?[ \t]*:[ \t]*["']?]]
+          .. CRED,
+}
+-- Cookies (request and response): the value after the name goes, when it looks like a
+-- session id (16+ characters, a digit): "Set-Cookie: fig=newton" in a doctest stays.
+add {
+  name = "cookie",
+  open = [[(?i)(?:set-)?cookie:]],
+  regex = [[(?i)(?:set-)?cookie:[ \t]*[A-Za-z0-9_.!#$%&'*+^`|~-]{1,128}+=(?=[^;\s\\"']*[0-9])(?<secret>[^;\s\\"']{16,}+)]],
+}
+-- gitleaks "curl-auth-user": curl ... -u USER:PASSWORD (the password goes).
+add {
+  name = "curl-user", kind = "password",
+  open = [[curl]],
+  regex = [[curl(?![A-Za-z0-9_-])[^\r\n]{0,4096}?[ \t](?:-u|--user)(?:=|[ \t]{1,5})["']?[^\s:"']{1,256}:(?![$<{\[%])(?<secret>[^\s"']{6,}+)]],
+}
+
+-- ---- generic assignments ----------------------------------------------------------------------------------
+-- detect-secrets keyword.py (DENYLIST: api_?key, auth_?key, service_?key, account_?key,
+-- db_?key, database_?key, priv_?key, private_?key, client_?key, db_?pass,
+-- database_?pass, key_?pass, password, passwd, pwd, secret ...) and gitleaks
+-- "generic-api-key" (access|auth|api|credential|creds|key|passw(or)?d|secret|token,
+-- then = : => := ...). The name may have a prefix after "_" or "-" (DB_PASSWORD,
+-- MYSQL_ROOT_PASSWORD) and a suffix (SECRET_KEY, password_hash); the name and
+-- separator stay, the value goes.
+-- Gates, so that code and prose are not cut:
+--   - a quoted value of 6+ characters without blanks that has a digit or a symbol, or
+--     of 12+; or an unquoted one (.env, YAML, INI) of 8+ that has a digit or a symbol
+--     and is not a dotted name (parts of 1..31 characters: request.form), a call, a
+--     path or a URL; format strings ('%s:%s', '{0}:{1}') stay;
+--   - placeholders stay: $VAR, ${VAR}, <value>, {{ value }}, %(name)s, ***, xxx...,
+--     and type names (str, string, bool ...).
+--   - weak names (token, auth, access_token ...) need 16+ characters with letters and
+--     digits, and take no suffix ("certificate-authority-data" is not "auth").
+-- The name starts a word (not after "-": git-credential-osxkeychain), or a camelCase
+-- part of one (mySecret, dbPassword).
+-- So `password = "changeme"` in a tutorial stays readable (letters only, under 12),
+-- and `password = "changeme1"` does not: a policy choice; a policy that wants every
+-- quoted value gone adds its own entry, one that wants fewer drops these by name
+-- (M.without).
+local STRONG = [[(?:passw(?:or)?d|passphrase|pwd|secret|api[_-]?key|apikey|access[_-]?key|auth[_-]?key|]]
+  .. [[private[_-]?key|client[_-]?key|service[_-]?key|account[_-]?key|db[_-]?pass|credentials?|]]
+  .. [[client[_-]?secret|secret[_-]?key|signing[_-]?key|encryption[_-]?key|master[_-]?key)]]
+local WEAK = [[(?:(?:access|auth|refresh|session|api|bearer|id)[_-]?)?(?:token|auth)]]
+local KEY_START = [[(?:(?<![A-Za-z0-9-])|(?-i:(?<=[a-z0-9])(?=[A-Z])))]]
+local SEPARATOR = [==[[\w.-]{0,30}?[\]'"]{0,2}[ \t]*(?::=|=>|\?=|=|:)[ \t]*]==]
+local UNQUOTED = [==[(?![A-Za-z_][A-Za-z0-9_]{0,30}+(?:(?:\.[A-Za-z_][A-Za-z0-9_]{0,30}+)++(?:[\s,;()\[\]]|$)|\())(?![./~])]==]
+add {
+  name = "generic-secret-quoted", kind = "secret",
+  open = [[(?i)]] .. STRONG,
+  regex = [[(?i)]] .. KEY_START .. STRONG .. SEPARATOR .. [[@?(?<q>["'`])]] .. PLACEHOLDER
+          .. [==[(?![^"'`\s\\]*?(?-i:%[sdr]|\{[0-9]?\}))(?![./~]|[a-z]++://)(?=[^"'`\s\\]*?[0-9!#$%^&*+/=?@~-]|[^"'`\s\\]{12})(?<secret>[^"'`\s\\]{6,512}+)\k<q>]==],
+}
+add {
+  name = "generic-secret", kind = "secret",
+  open = [[(?i)]] .. STRONG,
+  regex = [[(?i)]] .. KEY_START .. STRONG .. SEPARATOR .. PLACEHOLDER .. UNQUOTED .. [[(?![a-z]++://)]]
+          .. [[(?=[^\s"'`,;]*?[0-9!#%^&*+/=?@~-])(?<secret>[^\s"'`,;(){}\[\]<>]{8,512}+)(?=[\s,;]|$)]],
+}
+add {
+  name = "generic-token", kind = "secret",
+  open = [[(?i)]] .. WEAK,
+  regex = [[(?i)]] .. KEY_START .. WEAK .. [==[[\]'"]{0,2}[ \t]*(?::=|=>|\?=|=|:)[ \t]*["'`]?]==] .. PLACEHOLDER .. UNQUOTED
+          .. [[(?=[^\s"'`,;]*?[0-9])(?=[^\s"'`,;]*?[A-Za-z])(?<secret>[^\s"'`,;(){}\[\]<>]{16,2048}+)]],
 }
 
 M.default = default
 
--- ---- applying ------------------------------------------------------------------------
-
--- Apply declarative redactors in order with string.gsub; `redactors` may nest lists
--- (a policy's `redact = { secrets.default, {...} }`). Returns the text and the number
--- of redactions. A redactor whose prefix does not occur is skipped, as in the core (the
--- result is the same: every match starts with the prefix).
-function M.apply(text, redactors)
-  if type(text) ~= "string" then error("secrets.apply: text must be a string", 2) end
-  local total = 0
-  local function run(list)
-    for _, r in ipairs(list) do
-      if type(r) ~= "table" then
-        error("secrets.apply: a redactor is a table, got " .. type(r), 3)
-      end
-      if r.pattern ~= nil then
-        if not r.prefix or text:find(r.prefix, 1, true) then
-          local n
-          text, n = string.gsub(text, r.pattern, r.replace or "[REDACTED]")
-          total = total + n
-        end
-      else
-        run(r)
-      end
-    end
+-- The default set without the entries named (e.g. { "generic-secret-quoted" }).
+function M.without(names)
+  local drop = {}
+  for _, n in ipairs(names or {}) do drop[n] = true end
+  local out = {}
+  for _, r in ipairs(default) do
+    if not drop[r.name] then out[#out + 1] = r end
   end
-  run(redactors or M.default)
-  return text, total
+  return out
 end
 
 -- ---- literal values --------------------------------------------------------------------
@@ -313,7 +381,7 @@ end
 -- the value (a redaction oracle). Real credentials are longer than 8 bytes anyway.
 M.LITERAL_MIN = 8
 
--- A redactor for one literal secret value, matched exactly (magic characters escaped).
+-- A redactor for one literal secret value, matched exactly (the core escapes it).
 -- nil for non-strings and values shorter than M.LITERAL_MIN.
 function M.literal(value, name)
   if type(value) ~= "string" or #value < M.LITERAL_MIN then return nil end
@@ -322,13 +390,11 @@ function M.literal(value, name)
   -- the marker must not contain the value itself, or the redaction would not be
   -- idempotent (value "REDACTED!" ...): fall back to a marker too short to contain it
   if replace:find(value, 1, true) then replace = "[***]" end
-  return {
-    name = name,
-    pattern = escape(value),
-    replace = (replace:gsub("%%", "%%%%")),   -- a gsub replacement: "%" must be "%%"
-    window = #value,
-    prefix = value,
-  }
+  return { name = name, literal = value, replace = replace }
+end
+
+local function escape(s)                  -- a literal as a Lua pattern
+  return (s:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0"))
 end
 
 -- A deny glob ("*_TOKEN", "AWS_*", "SSH_AUTH_SOCK"; only "*" is special) as an anchored

@@ -1,0 +1,73 @@
+"""The redaction corpus (tests/redact/corpus, built by make_corpus.py) through the
+core's streaming path: per-family recall on positives, the share of negatives left
+intact. Used by tests/redact/test_corpus.py (targets) and tests/bench/run.py (table)."""
+
+import json
+import os
+import subprocess
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
+CORPUS = os.path.join(HERE, "corpus")
+
+
+def load(name):
+    with open(os.path.join(CORPUS, name), encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def redact_texts(stockade, texts, chunk=0, policy=None, tool="cat", timeout=300):
+    """Each text (str or bytes) through `stockade test` redaction, in reads of `chunk`
+    bytes (0: one read); returns the outputs as bytes, in order."""
+    with tempfile.TemporaryDirectory(prefix="stk-corpus-") as d:
+        src, dst = os.path.join(d, "in"), os.path.join(d, "out")
+        with open(src, "wb") as f:
+            for t in texts:
+                b = t.encode() if isinstance(t, str) else t
+                f.write(b"%d\n" % len(b) + b)
+        env = dict(os.environ, REDACT_POLICY=policy or os.path.join(REPO_ROOT, "policies", "default.lua"),
+                   REDACT_TOOL=tool, REDACT_CHUNK=str(chunk), REDACT_IN=src, REDACT_OUT=dst,
+                   STOCKADE_PLUGIN_PATH=os.path.join(REPO_ROOT, "plugins"))
+        subprocess.run([stockade, "test", os.path.join(HERE, "redact_cases.lua")], env=env, check=True,
+                       cwd=REPO_ROOT, timeout=timeout, stdout=subprocess.DEVNULL)
+        outs = []
+        with open(dst, "rb") as f:
+            data = f.read()
+        i = 0
+        while i < len(data):
+            nl = data.index(b"\n", i)
+            n = int(data[i:nl])
+            outs.append(data[nl + 1:nl + 1 + n])
+            i = nl + 1 + n
+        return outs
+
+
+def caught(case, out):
+    """No secret, nor its last 8 characters, survives."""
+    for s in case["secrets"]:
+        b = s.encode()
+        if b in out or (len(b) > 8 and b[-8:] in out):
+            return False
+    return True
+
+
+def evaluate(stockade, chunk=0):
+    """{"families": {family: (caught, total)}, "negatives": (intact, total),
+    "missed": [cases], "damaged": [(case, out)]}"""
+    pos, neg = load("positives.jsonl"), load("negatives.jsonl")
+    outs = redact_texts(stockade, [c["text"] for c in pos] + [c["text"] for c in neg], chunk)
+    fams, missed, damaged = {}, [], []
+    for c, out in zip(pos, outs[:len(pos)]):
+        ok = caught(c, out)
+        got, total = fams.get(c["family"], (0, 0))
+        fams[c["family"]] = (got + ok, total + 1)
+        if not ok:
+            missed.append((c, out))
+    intact = 0
+    for c, out in zip(neg, outs[len(pos):]):
+        if out == c["text"].encode():
+            intact += 1
+        else:
+            damaged.append((c, out))
+    return {"families": fams, "negatives": (intact, len(neg)), "missed": missed, "damaged": damaged}
