@@ -35,11 +35,14 @@ struct redact_rules {
     pcre2_jit_stack *jit_stack;
 };
 
-static pcre2_code *compile_pcre(const char *re, char **why)
+/* options: PCRE2_ANCHORED for a rule (anchored when compiled: JIT does not take it at
+ * match time), 0 for the openers' alternation. */
+static pcre2_code *compile_pcre(const char *re, uint32_t options, char **why)
 {
     int code;
     PCRE2_SIZE at;
-    pcre2_code *c = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, 0, &code, &at, NULL);
+    pcre2_code *c = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, options, &code, &at,
+                                  NULL);
     if (!c) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(code, msg, sizeof msg);
@@ -103,7 +106,7 @@ struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, 
         rule->name = xstrdup(sp->name);
         rule->replace = xstrdup(sp->replace);
         rule->replace_len = strlen(sp->replace);
-        if (!(rule->re = compile_pcre(sp->regex, &why)))
+        if (!(rule->re = compile_pcre(sp->regex, PCRE2_ANCHORED, &why)))
             goto bad_regex;
         int g = pcre2_substring_number_from_name(rule->re, (PCRE2_SPTR) "secret");
         rule->secret_group = g > 0 ? g : 0;
@@ -136,7 +139,7 @@ struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, 
             goto fail;
         }
         buf_append(&any, "", 1);
-        if (!(r->open_any = compile_pcre(any.data, &why))) {
+        if (!(r->open_any = compile_pcre(any.data, 0, &why))) {
             *err = xasprintf("redactors: the openers do not compile for PCRE2: %s", why);
             goto fail;
         }
@@ -177,8 +180,10 @@ struct redact_regex_stream {
     struct buf text;
     size_t done;
     uint64_t base;              /* stream offset of text.data[0] */
-    struct candidate *cand;     /* sorted by (start, rule): rule order is priority */
-    size_t ncand, cand_cap;
+    /* openers found, not yet resolved: cand[head..end), sorted by (start, rule) (the rule
+     * order is priority); resolved ones leave from the head, so no memmove per pop */
+    struct candidate *cand;
+    size_t head, end, cand_cap;
     size_t head_checked;        /* text.len when the head candidate was last found growing */
     bool withheld;              /* failed closed: the rest of the stream is dropped */
 };
@@ -190,29 +195,34 @@ static int on_opener(unsigned id, unsigned long long from, unsigned long long to
     struct redact_regex_stream *x = ud;
     if (from < x->base + x->done)
         return 0;       /* inside what was already redacted */
-    size_t k = x->ncand;
-    while (k > 0 && (x->cand[k - 1].start > from ||
-                     (x->cand[k - 1].start == from && x->cand[k - 1].rule > id)))
+    /* reports come in order of their end: a new one almost always goes last */
+    size_t k = x->end;
+    while (k > x->head && (x->cand[k - 1].start > from ||
+                           (x->cand[k - 1].start == from && x->cand[k - 1].rule > id)))
         k--;
-    if (k > 0 && x->cand[k - 1].start == from && x->cand[k - 1].rule == id)
+    if (k > x->head && x->cand[k - 1].start == from && x->cand[k - 1].rule == id)
         return 0;       /* the same opener, a longer end */
-    if (x->ncand == x->cand_cap) {
-        x->cand_cap = x->cand_cap ? 2 * x->cand_cap : 16;
-        x->cand = xrealloc(x->cand, x->cand_cap * sizeof *x->cand);
+    if (x->end == x->cand_cap) {
+        if (x->head > 0) {
+            memmove(x->cand, x->cand + x->head, (x->end - x->head) * sizeof *x->cand);
+            k -= x->head;
+            x->end -= x->head;
+            x->head = 0;
+        } else {
+            x->cand_cap = x->cand_cap ? 2 * x->cand_cap : 16;
+            x->cand = xrealloc(x->cand, x->cand_cap * sizeof *x->cand);
+        }
     }
-    memmove(x->cand + k + 1, x->cand + k, (x->ncand - k) * sizeof *x->cand);
+    memmove(x->cand + k + 1, x->cand + k, (x->end - k) * sizeof *x->cand);
     x->cand[k] = (struct candidate){from, id};
-    x->ncand++;
+    x->end++;
     return 0;
 }
 
 static void drop_candidates_before(struct redact_regex_stream *x, uint64_t off)
 {
-    size_t k = 0;
-    while (k < x->ncand && x->cand[k].start < off)
-        k++;
-    memmove(x->cand, x->cand + k, (x->ncand - k) * sizeof *x->cand);
-    x->ncand -= k;
+    while (x->head < x->end && x->cand[x->head].start < off)
+        x->head++;
 }
 
 static void emit_to(struct redact_regex_stream *x, size_t to, redact_sink sink, void *ud)
@@ -247,7 +257,7 @@ static void fail_closed(struct redact_regex_stream *x, int64_t *count, redact_si
     sink(ud, msg, sizeof msg - 1);
     x->withheld = true;
     x->done = x->text.len;
-    x->ncand = 0;
+    x->head = x->end = 0;
     ++*count;
 }
 
@@ -257,12 +267,12 @@ static void resolve(const struct redact_rules *r, struct redact_regex_stream *x,
                     enum redact_mode mode, int64_t *count, redact_sink sink, void *ud)
 {
     while (!x->withheld) {
-        if (x->ncand == 0 || x->cand[0].start - x->base >= safe) {
+        if (x->head == x->end || x->cand[x->head].start - x->base >= safe) {
             emit_to(x, safe, sink, ud);
             return;
         }
-        size_t start = (size_t)(x->cand[0].start - x->base);
-        const struct redact_rule *rule = &r->rule[x->cand[0].rule];
+        size_t start = (size_t)(x->cand[x->head].start - x->base);
+        const struct redact_rule *rule = &r->rule[x->cand[x->head].rule];
         emit_to(x, start, sink, ud);
         /* a growing match is tried again once the held text has grown by a quarter (or
          * at the end, or when the tool is quiet): linear, however small the reads */
@@ -271,7 +281,7 @@ static void resolve(const struct redact_rules *r, struct redact_regex_stream *x,
             x->text.len < x->head_checked + held / 4 + 4096)
             return;
         int rc = pcre2_match(rule->re, (PCRE2_SPTR)x->text.data, x->text.len, start,
-                             PCRE2_ANCHORED | (mode == REDACT_EOF ? 0 : PCRE2_PARTIAL_HARD),
+                             mode == REDACT_EOF ? 0 : PCRE2_PARTIAL_HARD,
                              r->md, r->mctx);
         if (rc == PCRE2_ERROR_PARTIAL) {
             if (held > r->hold_max)
@@ -281,8 +291,7 @@ static void resolve(const struct redact_rules *r, struct redact_regex_stream *x,
         }
         x->head_checked = 0;
         if (rc == PCRE2_ERROR_NOMATCH) {
-            memmove(x->cand, x->cand + 1, (x->ncand - 1) * sizeof *x->cand);
-            x->ncand--;
+            x->head++;
             continue;
         }
         if (rc < 0) {           /* over the match limit, out of JIT stack */
@@ -294,8 +303,7 @@ static void resolve(const struct redact_rules *r, struct redact_regex_stream *x,
         size_t a = ov[2 * g], b = ov[2 * g + 1];
         if (a == PCRE2_UNSET || b <= a || a < start) {
             /* an empty secret redacts nothing: the opener was not one */
-            memmove(x->cand, x->cand + 1, (x->ncand - 1) * sizeof *x->cand);
-            x->ncand--;
+            x->head++;
             continue;
         }
         emit_to(x, a, sink, ud);

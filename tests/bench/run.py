@@ -19,6 +19,9 @@ Sections:
   4. memory: the supervisor's RSS idle and with 256 / 1,000 open sessions; for strict also
      the zygotes' (the serve process's descendants: VmRSS and PSS summed)
   5. scaling: per-call latency with 1 vs 1,000 open sessions
+  6. redaction (tests/bench/redact_bench.py): per-family recall and precision over
+     tests/redact/corpus, a scan of the system's source and documentation trees,
+     throughput by input class vs a raw pipe with the supervisor's CPU, a noisy neighbour
 
 When root, what is missing is installed (bubblewrap firejail hyperfine socat ripgrep;
 npm's @anthropic-ai/sandbox-runtime): always in full mode, in --quick mode only with
@@ -757,7 +760,7 @@ def main():
     ap.add_argument("--install", action="store_true", help="install missing comparators "
                     "even in --quick mode")
     ap.add_argument("--no-install", action="store_true", help="never install anything")
-    ap.add_argument("--only", default="1,2,3,4", help="sections to run (4 includes 5)")
+    ap.add_argument("--only", default="1,2,3,4,6", help="sections to run (4 includes 5)")
     ap.add_argument("--strict-sessions", type=int, default=0,
                     help="open sessions for the strict memory row (default 1000; 64 quick)")
     args = ap.parse_args()
@@ -794,6 +797,9 @@ def main():
             section_stream(ctx, bench)
         if "4" in only or "5" in only:
             section_memory(ctx, bench)
+        if "6" in only:
+            from redact_bench import section_redaction
+            section_redaction(ctx, bench, Row)
     finally:
         ctx.serve_log.close()
     # a serve that logged a crash of its own is a failure even if every call answered
