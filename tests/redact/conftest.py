@@ -18,7 +18,10 @@ sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "integration"))
 
 from serve_helpers import ServeProc  # noqa: E402
 
+sys.path.insert(0, HERE)
+
 POLICY = os.path.join(REPO_ROOT, "policies", "default.lua")
+SECRETS_POLICY = os.path.join(REPO_ROOT, "tests", "fixtures", "redact_secrets.lua")
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +41,9 @@ def serve(stockade, tmp_path):
     os.chmod(state, 0o755)
 
     def start(policy=POLICY):
-        s = ServeProc(stockade, state, policy, log_dir=str(tmp_path))
+        s = ServeProc(stockade, state, policy, log_dir=str(tmp_path),
+                      extra_env={"STOCKADE_PLUGIN_PATH": os.environ.get(
+                          "STOCKADE_PLUGIN_PATH", os.path.join(REPO_ROOT, "plugins"))})
         servers.append(s)
         return s
 

@@ -26,9 +26,13 @@ def redact_texts(stockade, texts, chunk=0, policy=None, tool="cat", timeout=300)
             for t in texts:
                 b = t.encode() if isinstance(t, str) else t
                 f.write(b"%d\n" % len(b) + b)
-        env = dict(os.environ, REDACT_POLICY=policy or os.path.join(REPO_ROOT, "policies", "default.lua"),
-                   REDACT_TOOL=tool, REDACT_CHUNK=str(chunk), REDACT_IN=src, REDACT_OUT=dst,
-                   STOCKADE_PLUGIN_PATH=os.path.join(REPO_ROOT, "plugins"))
+        # the default policy also redacts the values of this environment's AWS_* and
+        # *_TOKEN variables: leave them out, so the figures do not depend on the host
+        env = {k: v for k, v in os.environ.items()
+               if not (k.startswith("AWS_") or k.endswith("_TOKEN"))}
+        env.setdefault("STOCKADE_PLUGIN_PATH", os.path.join(REPO_ROOT, "plugins"))
+        env.update(REDACT_POLICY=policy or os.path.join(REPO_ROOT, "policies", "default.lua"),
+                   REDACT_TOOL=tool, REDACT_CHUNK=str(chunk), REDACT_IN=src, REDACT_OUT=dst)
         subprocess.run([stockade, "test", os.path.join(HERE, "redact_cases.lua")], env=env, check=True,
                        cwd=REPO_ROOT, timeout=timeout, stdout=subprocess.DEVNULL)
         outs = []

@@ -1,0 +1,73 @@
+"""Streaming redaction is exact through a real `serve`: for each family of the corpus,
+a tool writes a case one byte per write(2) (`dd bs=1`), the call streams its output
+(call.output), and no notification, nor the result, holds any of the case's secrets;
+what was streamed is what the result holds. Also a key in a removed diff hunk and a
+PEM key longer than any window."""
+
+import os
+
+import pytest
+
+import corpus
+from conftest import SECRETS_POLICY
+
+RPC_TIMEOUT = 120
+
+
+def first_case_per_family():
+    seen = {}
+    for c in corpus.load("positives.jsonl"):
+        if c["family"] not in seen and len(c["text"]) <= 20000:
+            seen[c["family"]] = c
+    return [seen[f] for f in sorted(seen)]
+
+
+CASES = first_case_per_family()
+
+
+@pytest.fixture(scope="module")
+def session(request, stockade, tmp_path_factory):
+    from serve_helpers import ServeProc
+    import shutil
+    import tempfile
+    state = os.path.realpath(tempfile.mkdtemp(prefix="stockade-rd-", dir="/var/tmp"))
+    os.chmod(state, 0o755)
+    srv = ServeProc(stockade, state, SECRETS_POLICY, log_dir=str(tmp_path_factory.mktemp("log")),
+                    extra_env={"STOCKADE_PLUGIN_PATH": os.environ.get(
+                        "STOCKADE_PLUGIN_PATH", os.path.join(corpus.REPO_ROOT, "plugins"))})
+    yield srv.client.open_session()
+    srv.stop()
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def byte_by_byte(session, text):
+    h = session.start_call("sh", ["-c", "dd bs=1 status=none"], stdin=text.encode(), stream=True)
+    chunks = list(h.output(timeout=RPC_TIMEOUT))
+    r = h.result(RPC_TIMEOUT)
+    assert r.ok, r
+    streamed = b"".join(ch.data for ch in chunks if ch.stream == "stdout")
+    assert streamed == r.stdout, "the stream and the result differ"
+    return chunks, r
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["family"] for c in CASES])
+def test_family_byte_by_byte(session, case):
+    chunks, r = byte_by_byte(session, case["text"])
+    assert r.redactions >= 1, r
+    for s in case["secrets"]:
+        b = s.encode()
+        assert b not in r.stdout, f"{case['family']}: a secret came out: {r.stdout[:400]!r}"
+        tail = b[-8:]
+        assert all(tail not in ch.data for ch in chunks), f"{case['family']}: a notification held its tail"
+    assert len(chunks) > 1, "the output came in one notification: the test did not stream"
+
+
+def test_long_key_in_a_removed_hunk_byte_by_byte(session):
+    keys = [c for c in corpus.load("positives.jsonl")
+            if c["family"] == "private-key" and "16384" in c["source"] and "'-'" in c["source"]]
+    assert keys, "the corpus has no RSA-16384 key in a removed hunk"
+    chunks, r = byte_by_byte(session, keys[0]["text"])
+    assert len(keys[0]["text"]) > 12000
+    assert b"[REDACTED:private-key]" in r.stdout, r.stdout[:300]
+    for s in keys[0]["secrets"]:
+        assert s.encode() not in r.stdout
