@@ -19,6 +19,7 @@ struct redact_rule {
     size_t replace_len;
     pcre2_code *re;
     int secret_group;           /* 0: the whole match */
+    unsigned open_width;        /* the opener's width when fixed (reported without SOM) */
 };
 
 struct redact_rules {
@@ -95,6 +96,7 @@ struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, 
     r->hold_max = hold_max ? hold_max : REDACT_HOLD_DEFAULT;
     const char **opens = xcalloc(n ? n : 1, sizeof *opens);
     unsigned *flags = xcalloc(n ? n : 1, sizeof *flags);
+    bool som = false;
     unsigned *ids = xcalloc(n ? n : 1, sizeof *ids);
     struct buf any = {0};
     char *why = NULL;
@@ -114,6 +116,10 @@ struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, 
         if (hs_expression_info(sp->open, HS_FLAG_SOM_LEFTMOST, &info, &hs_err) != HS_SUCCESS)
             goto bad_open;
         bool wide = info->max_width > OPEN_WIDTH_MAX || info->min_width == 0;
+        /* start-of-match costs stream state and time: only openers of varying width
+         * need it, a fixed-width one starts its width before its end */
+        bool fixed = info->min_width == info->max_width;
+        rule->open_width = fixed ? info->max_width : 0;
         if (info->max_width > r->open_width && info->max_width <= OPEN_WIDTH_MAX)
             r->open_width = info->max_width;
         free(info);
@@ -123,13 +129,14 @@ struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, 
             goto fail;
         }
         opens[i] = sp->open;
-        flags[i] = HS_FLAG_SOM_LEFTMOST;
+        flags[i] = fixed ? 0 : HS_FLAG_SOM_LEFTMOST;
+        som = som || !fixed;
         ids[i] = (unsigned)i;
         buf_printf(&any, "%s(?:%s)", i ? "|" : "", sp->open);
     }
     if (n) {
         if (hs_compile_multi(opens, flags, ids, (unsigned)n,
-                             HS_MODE_STREAM | HS_MODE_SOM_HORIZON_MEDIUM, NULL, &r->db,
+                             HS_MODE_STREAM | (som ? HS_MODE_SOM_HORIZON_MEDIUM : 0), NULL, &r->db,
                              &hs_err) != HS_SUCCESS) {
             i = hs_err->expression >= 0 ? (size_t)hs_err->expression : 0;
             goto bad_open;
@@ -175,6 +182,7 @@ struct candidate {
 };
 
 struct redact_regex_stream {
+    const struct redact_rules *rules;
     hs_stream_t *hs;
     /* text[0..done) went out already (kept as look-behind); text[done..) is held */
     struct buf text;
@@ -191,8 +199,11 @@ struct redact_regex_stream {
 static int on_opener(unsigned id, unsigned long long from, unsigned long long to,
                      unsigned flags, void *ud)
 {
-    (void)to, (void)flags;
+    (void)flags;
     struct redact_regex_stream *x = ud;
+    unsigned width = x->rules->rule[id].open_width;
+    if (width)
+        from = to - width;
     if (from < x->base + x->done)
         return 0;       /* inside what was already redacted */
     /* reports come in order of their end: a new one almost always goes last */
@@ -321,6 +332,7 @@ static void regex_feed(const struct redact_rules *r, struct redact_stream *rs, c
 {
     if (!rs->rx) {
         rs->rx = xcalloc(1, sizeof *rs->rx);
+        rs->rx->rules = r;
         if (hs_open_stream(r->db, 0, &rs->rx->hs) != HS_SUCCESS)
             rs->rx->hs = NULL;
     }

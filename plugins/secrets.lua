@@ -280,10 +280,13 @@ add {
 -- ---- HTTP authentication ----------------------------------------------------------------------------------
 -- Authorization / Proxy-Authorization in any case, any scheme (Bearer, Basic, Token,
 -- Digest, AWS4-HMAC-SHA256 ...): the header and scheme stay, the credentials go
--- (comma-separated parameters included). gitleaks "curl-auth-header" for the shapes
+-- (comma-separated parameters included). A credential is token68 characters (RFC 7235)
+-- with a digit in its first 20, or 20 long, up to a blank, a quote or the end: header
+-- names in minified code ('"X-Api-Key":t.apiKey,') are not headers. gitleaks "curl-auth-header" for the shapes
 -- (-H "Authorization: ...", X-Api-Key, X-Auth-Token). Placeholders ($TOKEN, <token>,
 -- {{token}}) are left alone.
-local CRED = [[(?![$<{%*])(?<secret>[^\s"'`]{8,}+(?:,[ \t]*[A-Za-z]+=[^\s,"'`]++)*+)]]
+local CRED = [==[(?![$<{%*])(?=[A-Za-z0-9._~+/=:%-]{0,19}+[0-9]|[A-Za-z0-9._~+/=:%-]{20})]==]
+  .. [==[(?<secret>[A-Za-z0-9._~+/=:%-]{8,}+(?:,[ \t]*[A-Za-z]+=[^\s,"'`]++)*+)(?=[\s"'`,;]|$)]==]
 add {
   name = "authorization",
   open = [[(?i)(?:proxy-)?authorization]],
