@@ -324,13 +324,16 @@ add {
 -- separator stay, the value goes.
 -- Gates, so that code and prose are not cut:
 --   - a quoted value of 6+ characters without blanks that has a digit or a symbol, or
---     of 12+; or an unquoted one (.env, YAML, INI) of 8+ that has a digit or a symbol
+--     of 12+; or an unquoted one (.env, YAML, INI) of 8+ that has a letter and a digit
 --     and is not a dotted name (parts of 1..31 characters: request.form), a call, a
---     path or a URL; format strings ('%s:%s', '{0}:{1}') stay;
+--     path or a URL (a changelog's "docs/credential-store: s/--store/--file/" is
+--     prose); format strings ('%s:%s', '{0}:{1}') stay;
+--   - the name's suffix has no "." (TestMasterSecret.java: is a file name);
 --   - placeholders stay: $VAR, ${VAR}, <value>, {{ value }}, %(name)s, ***, xxx...,
 --     and type names (str, string, bool ...).
 --   - weak names (token, auth, access_token ...) need 16+ characters with letters and
---     digits, and take no suffix ("certificate-authority-data" is not "auth").
+--     digits, and take no suffix ("certificate-authority-data" is not "auth"), nor
+--     follow a ":" (a pkcs11: URI's token=LABEL).
 -- The name starts a word (not after "-": git-credential-osxkeychain), or a camelCase
 -- part of one (mySecret, dbPassword).
 -- So `password = "changeme"` in a tutorial stays readable (letters only, under 12),
@@ -342,7 +345,7 @@ local STRONG = [[(?:passw(?:or)?d|passphrase|pwd|secret|api[_-]?key|apikey|acces
   .. [[client[_-]?secret|secret[_-]?key|signing[_-]?key|encryption[_-]?key|master[_-]?key)]]
 local WEAK = [[(?:(?:access|auth|refresh|session|api|bearer|id)[_-]?)?(?:token|auth)]]
 local KEY_START = [[(?:(?<![A-Za-z0-9-])|(?-i:(?<=[a-z0-9])(?=[A-Z])))]]
-local SEPARATOR = [==[[\w.-]{0,30}?[\]'"]{0,2}[ \t]*(?::=|=>|\?=|=|:)[ \t]*]==]
+local SEPARATOR = [==[[\w-]{0,30}?[\]'"]{0,2}[ \t]*(?::=|=>|\?=|=|:)[ \t]*]==]
 local UNQUOTED = [==[(?![A-Za-z_][A-Za-z0-9_]{0,30}+(?:(?:\.[A-Za-z_][A-Za-z0-9_]{0,30}+)++(?:[\s,;()\[\]]|$)|\())(?![./~])]==]
 add {
   name = "generic-secret-quoted", kind = "secret",
@@ -354,12 +357,12 @@ add {
   name = "generic-secret", kind = "secret",
   open = [[(?i)]] .. STRONG,
   regex = [[(?i)]] .. KEY_START .. STRONG .. SEPARATOR .. PLACEHOLDER .. UNQUOTED .. [[(?![a-z]++://)]]
-          .. [[(?=[^\s"'`,;]*?[0-9!#%^&*+/=?@~-])(?<secret>[^\s"'`,;(){}\[\]<>]{8,512}+)(?=[\s,;]|$)]],
+          .. [[(?=[^\s"'`,;]*?[0-9])(?=[^\s"'`,;]*?[A-Za-z])(?<secret>[^\s"'`,;(){}\[\]<>]{8,512}+)(?=[\s,;]|$)]],
 }
 add {
   name = "generic-token", kind = "secret",
   open = [[(?i)]] .. WEAK,
-  regex = [[(?i)]] .. KEY_START .. WEAK .. [==[[\]'"]{0,2}[ \t]*(?::=|=>|\?=|=|:)[ \t]*["'`]?]==] .. PLACEHOLDER .. UNQUOTED
+  regex = [[(?i)(?<!:)]] .. KEY_START .. WEAK .. [==[[\]'"]{0,2}[ \t]*(?::=|=>|\?=|=|:)[ \t]*["'`]?]==] .. PLACEHOLDER .. UNQUOTED
           .. [[(?=[^\s"'`,;]*?[0-9])(?=[^\s"'`,;]*?[A-Za-z])(?<secret>[^\s"'`,;(){}\[\]<>]{16,2048}+)]],
 }
 
