@@ -137,6 +137,8 @@ def scan_rows(ctx, bench, Row):
     outs = corpus.redact_texts(ctx.stockade, texts, 0, timeout=1800)
     dt = time.monotonic() - t0
     changed = [n for n, t, o in zip(names, texts, outs) if t != o]
+    # a changed file is not necessarily damage: docs hold credential-shaped examples
+    # (example keys, user:pass@ URLs); the README lists what this machine's were
     bench.add(Row(SEC, f"system trees: files changed ({len(names)} files, {total / 1e6:.0f} MB)",
                   "files", [len(changed)], key="scan:changed",
                   note=f"{total / 1e6 / dt:.0f} MB/s through `stockade test`; changed: "
