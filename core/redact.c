@@ -412,13 +412,6 @@ struct redact_set {
     uint8_t starts[256];        /* 1: some prefix starts with byte c */
 };
 
-static void strv_free_all(char **v)
-{
-    for (char **p = v; p && *p; p++)
-        free(*p);
-    free(v);
-}
-
 /* Counting sort of the prefixes by first byte (an i-prefix under both of its cases). */
 static void index_prefixes(struct redact_set *set)
 {
@@ -476,8 +469,8 @@ void redact_set_free(struct redact_set *set)
     if (!set)
         return;
     redact_rules_unref(set->rules);
-    strv_free_all(set->prefixes);
-    strv_free_all(set->iprefixes);
+    strv_free(set->prefixes);
+    strv_free(set->iprefixes);
     free(set->index);
     free(set);
 }
