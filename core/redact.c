@@ -193,6 +193,8 @@ struct redact_regex_stream {
     struct candidate *cand;
     size_t head, end, cand_cap;
     size_t head_checked;        /* text.len when the head candidate was last found growing */
+    redact_found_fn found;      /* told of each secret (the gates); NULL while serving */
+    void *found_ud;
     bool withheld;              /* failed closed: the rest of the stream is dropped */
 };
 
@@ -318,6 +320,9 @@ static void resolve(const struct redact_rules *r, struct redact_regex_stream *x,
             continue;
         }
         emit_to(x, a, sink, ud);
+        if (x->found)
+            x->found(x->found_ud, (size_t)(x->base + a), (size_t)(x->base + b),
+                     x->cand[x->head].rule);
         sink(ud, rule->replace, rule->replace_len);
         ++*count;
         x->done = b;
@@ -325,17 +330,23 @@ static void resolve(const struct redact_rules *r, struct redact_regex_stream *x,
     }
 }
 
+/* A stream's state; a stream Vectorscan cannot open fails closed on its first read. */
+static struct redact_regex_stream *regex_stream_open(const struct redact_rules *r)
+{
+    struct redact_regex_stream *x = xcalloc(1, sizeof *x);
+    x->rules = r;
+    if (hs_open_stream(r->db, 0, &x->hs) != HS_SUCCESS)
+        x->hs = NULL;
+    return x;
+}
+
 /* The regex stage: data in, what no secret can still cover out through sink. */
 static void regex_feed(const struct redact_rules *r, struct redact_stream *rs, const char *data,
                        size_t n, enum redact_mode mode, int64_t *count, redact_sink sink,
                        void *ud)
 {
-    if (!rs->rx) {
-        rs->rx = xcalloc(1, sizeof *rs->rx);
-        rs->rx->rules = r;
-        if (hs_open_stream(r->db, 0, &rs->rx->hs) != HS_SUCCESS)
-            rs->rx->hs = NULL;
-    }
+    if (!rs->rx)
+        rs->rx = regex_stream_open(r);
     struct redact_regex_stream *x = rs->rx;
     if (x->withheld)
         return;
@@ -388,6 +399,24 @@ static void regex_stream_free(struct redact_regex_stream *x)
     buf_free(&x->text);
     free(x->cand);
     free(x);
+}
+
+static void discard_sink(void *ud, const char *data, size_t n)
+{
+    (void)ud, (void)data, (void)n;
+}
+
+void redact_rules_find(const struct redact_rules *r, const char *text, size_t len,
+                       redact_found_fn found, void *ud)
+{
+    if (!r || !r->n)
+        return;
+    struct redact_stream rs = {.rx = regex_stream_open(r)};
+    rs.rx->found = found;
+    rs.rx->found_ud = ud;
+    int64_t count = 0;
+    regex_feed(r, &rs, text, len, REDACT_EOF, &count, discard_sink, NULL);
+    regex_stream_free(rs.rx);
 }
 
 /* ---- a tool's set: the regex stage, then the Lua stage --------------------------------- */

@@ -52,6 +52,11 @@ struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, 
                                           size_t hold_max, char **err);
 struct redact_rules *redact_rules_ref(struct redact_rules *rules);
 size_t redact_rules_count(const struct redact_rules *rules);
+/* Every secret the rules redact in text (as one stream, to its end), in order: found is
+ * called with the secret's offsets and the rule's index in specs. For the CI gates. */
+typedef void (*redact_found_fn)(void *ud, size_t start, size_t end, unsigned rule);
+void redact_rules_find(const struct redact_rules *rules, const char *text, size_t len,
+                       redact_found_fn found, void *ud);
 void redact_rules_unref(struct redact_rules *rules);
 
 /* rules: the chain's regex stage (a reference is taken; NULL: none). lua: the chain has

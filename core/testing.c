@@ -362,6 +362,81 @@ static int l_load(lua_State *L)
     return 1;
 }
 
+#define RULES_MT "stockade.testing.rules"
+
+/* The compiled rules live in a userdata, so that a Lua error cannot leak them. */
+static int l_rules_gc(lua_State *L)
+{
+    struct redact_rules **box = luaL_checkudata(L, 1, RULES_MT);
+    redact_rules_unref(*box);
+    *box = NULL;
+    return 0;
+}
+
+struct found_target {
+    lua_State *L;
+    int list, names;            /* stack slots: the result, the rules argument */
+    lua_Integer n;
+};
+
+static void on_found(void *ud, size_t start, size_t end, unsigned rule)
+{
+    struct found_target *t = ud;
+    lua_State *L = t->L;
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, (lua_Integer)start + 1);
+    lua_setfield(L, -2, "first");
+    lua_pushinteger(L, (lua_Integer)end);
+    lua_setfield(L, -2, "last");
+    lua_rawgeti(L, t->names, (lua_Integer)rule + 1);
+    lua_getfield(L, -1, "name");
+    lua_setfield(L, -3, "name");
+    lua_pop(L, 1);
+    lua_rawseti(L, t->list, ++t->n);
+}
+
+/* testing.find_secrets(rules, text) -> { {first=, last=, name=}, ... }, or nil and a
+ * message: what the regex redactors `rules` ({name, regex, open, replace} each, as
+ * plugins.secrets lists them) redact in text, 1-based and inclusive. For the gates'
+ * secret-literal check. */
+static int l_find_secrets(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    size_t len;
+    const char *text = luaL_checklstring(L, 2, &len);
+    size_t n = lua_rawlen(L, 1);
+    struct redact_rule_spec *specs = lua_newuserdatauv(L, (n ? n : 1) * sizeof *specs, 0);
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, 1, (lua_Integer)i + 1);
+        static const char *const fields[] = {"name", "regex", "open", "replace"};
+        const char **dst[] = {&specs[i].name, &specs[i].regex, &specs[i].open,
+                              &specs[i].replace};
+        for (int f = 0; f < 4; f++) {
+            lua_getfield(L, -1, fields[f]);
+            *dst[f] = lua_isstring(L, -1) ? lua_tostring(L, -1) : "";
+            lua_pop(L, 1);      /* alive in the rule's table, alive in the argument */
+        }
+        lua_pop(L, 1);
+    }
+    struct redact_rules **box = lua_newuserdatauv(L, sizeof *box, 0);
+    *box = NULL;
+    luaL_setmetatable(L, RULES_MT);
+    char *err = NULL;
+    *box = redact_rules_compile(specs, n, 0, &err);
+    if (!*box) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", err);
+        free(err);
+        lua_pushnil(L);
+        lua_pushstring(L, msg);
+        return 2;
+    }
+    lua_newtable(L);
+    struct found_target t = {L, lua_gettop(L), 1, 0};
+    redact_rules_find(*box, text, len, on_found, &t);
+    return 1;
+}
+
 static int luaopen_stockade_testing(lua_State *L)
 {
     static const luaL_Reg methods[] = {
@@ -370,6 +445,10 @@ static int luaopen_stockade_testing(lua_State *L)
         {"describe", l_describe},
         {NULL, NULL},
     };
+    luaL_newmetatable(L, RULES_MT);
+    lua_pushcfunction(L, l_rules_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pop(L, 1);
     luaL_newmetatable(L, HANDLE_MT);
     luaL_newlib(L, methods);
     lua_setfield(L, -2, "__index");
@@ -378,7 +457,8 @@ static int luaopen_stockade_testing(lua_State *L)
     lua_pushcfunction(L, l_gc);
     lua_setfield(L, -2, "__close");
     lua_pop(L, 1);
-    static const luaL_Reg fns[] = {{"load", l_load}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"load", l_load}, {"find_secrets", l_find_secrets},
+                                   {NULL, NULL}};
     luaL_newlib(L, fns);
     return 1;
 }

@@ -537,24 +537,21 @@ local function check_policy(path)
   -- secret-looking literals in the policy text
   local pats = secret_set(file)
   if text and pats then
+    -- the set's regex redactors, run by the core's engine as on a tool's output
+    local hits, why = testing.find_secrets(pats, text)
+    if not hits then
+      eprintf("stockade check: warning: the secret set does not compile: %s\n", why)
+      hits = {}
+    end
     local found = {}
-    for _, r in ipairs(pats) do
-      if type(r) == "table" and type(r.pattern) == "string"
-         and (not r.prefix or text:find(r.prefix, 1, true)) then
-        local init = 1
-        while init <= #text do
-          local ok, s, e = pcall(string.find, text, r.pattern, init)
-          if not ok or not s then break end
-          local _, nl = text:sub(1, s):gsub("\n", "")
-          local line = nl + 1
-          if not found[line] then
-            found[line] = true
-            local col = s - ((text:sub(1, s):match(".*\n()") or 1)) + 1
-            policy_problem(line, "a secret-looking literal (%s) at column %d: keep secrets out "
-                           .. "of the policy (env or a secret store)", r.name or "secret", col)
-          end
-          init = math.max(e, s) + 1
-        end
+    for _, h in ipairs(hits) do
+      local _, nl = text:sub(1, h.first):gsub("\n", "")
+      local line = nl + 1
+      if not found[line] then
+        found[line] = true
+        local col = h.first - ((text:sub(1, h.first):match(".*\n()") or 1)) + 1
+        policy_problem(line, "a secret-looking literal (%s) at column %d: keep secrets out "
+                       .. "of the policy (env or a secret store)", h.name or "secret", col)
       end
     end
   elseif not pats then
@@ -704,8 +701,8 @@ local function redactor_names(r, out)
   if type(r) ~= "table" then return out end
   if is_hook(r) then
     out[#out + 1] = "function:" .. tostring(r.source)
-  elseif type(r.pattern) == "string" then
-    out[#out + 1] = (r.name or "?") .. ":" .. r.pattern
+  elseif type(r.pattern) == "string" or type(r.regex) == "string" then
+    out[#out + 1] = (r.name or "?") .. ":" .. (r.pattern or r.regex)
   else
     for _, x in ipairs(r) do redactor_names(x, out) end
   end
