@@ -28,7 +28,7 @@ struct redact_rules {
     struct redact_rule *rule;
     size_t hold_max;
     size_t open_width;          /* the widest opener */
-    hs_database_t *db;          /* every rule's opener, id = rule index, SOM leftmost */
+    hs_database_t *db;          /* every rule's opener, id = rule index */
     hs_scratch_t *scratch;      /* the loop is one thread: one scratch per database */
     pcre2_code *open_any;       /* the openers as one PCRE2 alternation (quiet tails) */
     pcre2_match_data *md;
@@ -136,7 +136,7 @@ struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, 
     }
     if (n) {
         if (hs_compile_multi(opens, flags, ids, (unsigned)n,
-                             HS_MODE_STREAM | (som ? HS_MODE_SOM_HORIZON_MEDIUM : 0), NULL, &r->db,
+                             HS_MODE_STREAM | (som ? HS_MODE_SOM_HORIZON_SMALL : 0), NULL, &r->db,
                              &hs_err) != HS_SUCCESS) {
             i = hs_err->expression >= 0 ? (size_t)hs_err->expression : 0;
             goto bad_open;

@@ -41,7 +41,8 @@ local function literal_opener(re)
 end
 
 -- Flatten the policy's `redact` lists (plugins export lists of redactors) into one list
--- of normalized redactors: {kind="pattern"|"literal"|"function", ...}.
+-- of normalized redactors: {kind="regex"|"pattern"|"function", ...}. Regex redactors
+-- (literals become ones) run in the core's one-pass stage; the others here, in Lua.
 local function add_redactors(out, r, where)
   if type(r) == "function" then
     out[#out + 1] = { kind = "function", fn = r, window = DEFAULT_FN_WINDOW, name = where }
@@ -177,20 +178,6 @@ local function apply(chain, text, ctx)
         -- user, the Authorization rules keep the header)
         text, n = text:gsub(r.pattern, r.replace)
       end
-    elseif r.kind == "literal" then
-      local parts, init = {}, 1
-      while true do
-        local a, b = text:find(r.literal, init, true)
-        if not a then break end
-        parts[#parts + 1] = text:sub(init, a - 1)
-        parts[#parts + 1] = r.replace
-        init = b + 1
-        n = n + 1
-      end
-      if n > 0 then
-        parts[#parts + 1] = text:sub(init)
-        text = table.concat(parts)
-      end
     else
       local out, count = r.fn(text, ctx)
       if type(out) ~= "string" then
@@ -212,10 +199,8 @@ local function adjust_cut(r, text, cut)
   if r.kind == "function" then return cut end
   if r.prefix and not text:find(r.prefix, 1, true) then return cut end
   local init = 1
-  local pat, plain = r.pattern, false
-  if r.kind == "literal" then pat, plain = r.literal, true end
   while true do
-    local a, b = text:find(pat, init, plain)
+    local a, b = text:find(r.pattern, init)
     if not a or a > cut then return cut end
     if b >= #text then return a - 1 end       -- may still grow: hold it back whole
     if b > cut then cut = b end               -- straddles: emit it whole, redacted

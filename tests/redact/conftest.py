@@ -21,7 +21,6 @@ from serve_helpers import ServeProc  # noqa: E402
 sys.path.insert(0, HERE)
 
 POLICY = os.path.join(REPO_ROOT, "policies", "default.lua")
-SECRETS_POLICY = os.path.join(REPO_ROOT, "tests", "fixtures", "redact_secrets.lua")
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,8 @@ import os
 import pytest
 
 import corpus
-from conftest import SECRETS_POLICY
+
+SECRETS_POLICY = os.path.join(corpus.REPO_ROOT, "tests", "fixtures", "redact_secrets.lua")
 
 RPC_TIMEOUT = 120
 
