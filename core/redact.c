@@ -196,6 +196,7 @@ struct redact_regex_stream {
     redact_found_fn found;      /* told of each secret (the gates); NULL while serving */
     void *found_ud;
     bool withheld;              /* failed closed: the rest of the stream is dropped */
+    struct buf out;             /* one read's output, handed on in one piece */
 };
 
 static int on_opener(unsigned id, unsigned long long from, unsigned long long to,
@@ -340,14 +341,11 @@ static struct redact_regex_stream *regex_stream_open(const struct redact_rules *
     return x;
 }
 
-/* The regex stage: data in, what no secret can still cover out through sink. */
-static void regex_feed(const struct redact_rules *r, struct redact_stream *rs, const char *data,
-                       size_t n, enum redact_mode mode, int64_t *count, redact_sink sink,
-                       void *ud)
+/* One read through the regex stage: what no secret can still cover goes to sink. */
+static void regex_step(const struct redact_rules *r, struct redact_regex_stream *x,
+                       const char *data, size_t n, enum redact_mode mode, int64_t *count,
+                       redact_sink sink, void *ud)
 {
-    if (!rs->rx)
-        rs->rx = regex_stream_open(r);
-    struct redact_regex_stream *x = rs->rx;
     if (x->withheld)
         return;
     if (!x->hs) {
@@ -390,6 +388,26 @@ static void regex_feed(const struct redact_rules *r, struct redact_stream *rs, c
     }
 }
 
+static void append_sink(void *ud, const char *data, size_t n)
+{
+    buf_append(ud, data, n);
+}
+
+/* The regex stage: data in, what no secret can still cover out through sink, in one
+ * piece per read (a piece per gap between openers would cost the sink per piece). */
+static void regex_feed(const struct redact_rules *r, struct redact_stream *rs, const char *data,
+                       size_t n, enum redact_mode mode, int64_t *count, redact_sink sink,
+                       void *ud)
+{
+    if (!rs->rx)
+        rs->rx = regex_stream_open(r);
+    struct buf *out = &rs->rx->out;
+    out->len = 0;
+    regex_step(r, rs->rx, data, n, mode, count, append_sink, out);
+    if (out->len)
+        sink(ud, out->data, out->len);
+}
+
 static void regex_stream_free(struct redact_regex_stream *x)
 {
     if (!x)
@@ -397,6 +415,7 @@ static void regex_stream_free(struct redact_regex_stream *x)
     if (x->hs)
         hs_close_stream(x->hs, NULL, NULL, NULL);
     buf_free(&x->text);
+    buf_free(&x->out);
     free(x->cand);
     free(x);
 }
@@ -628,11 +647,6 @@ static void lua_feed(const struct redact_set *set, struct redact_stream *rs, con
     carry->len -= off;
 }
 
-
-static void append_sink(void *ud, const char *data, size_t n)
-{
-    buf_append(ud, data, n);
-}
 
 void redact_stream_feed(const struct redact_set *set, struct redact_stream *rs,
                         const char *data, size_t n, enum redact_mode mode,
