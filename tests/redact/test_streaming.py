@@ -41,13 +41,20 @@ def session(request, stockade, tmp_path_factory):
     shutil.rmtree(state, ignore_errors=True)
 
 
+# Ordinary text before each case, so that the stream has something to deliver before
+# the secret arrives: more than one notification shows the reads were small.
+LEAD = ("ordinary output line\n" * 100).encode()
+
+
 def byte_by_byte(session, text):
-    h = session.start_call("sh", ["-c", "dd bs=1 status=none"], stdin=text.encode(), stream=True)
+    data = LEAD + text.encode()
+    h = session.start_call("sh", ["-c", "dd bs=1 status=none"], stdin=data, stream=True)
     chunks = list(h.output(timeout=RPC_TIMEOUT))
     r = h.result(RPC_TIMEOUT)
     assert r.ok, r
     streamed = b"".join(ch.data for ch in chunks if ch.stream == "stdout")
     assert streamed == r.stdout, "the stream and the result differ"
+    assert r.stdout.startswith(LEAD), r.stdout[:200]
     return chunks, r
 
 
