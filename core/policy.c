@@ -1178,7 +1178,12 @@ bool policy_classify(struct policy *p, const struct tool_def *t,
     if (policy_pcall(p, 3, 3, "classify", NULL) == POLICY_OK && lua_isstring(L, -3)) {
         *class = xstrdup(lua_tostring(L, -3));
         *retryable = lua_toboolean(L, -2);
-        *message = lua_isstring(L, -1) ? xstrdup(lua_tostring(L, -1)) : NULL;
+        /* the Lua redactors have seen the message (engine.classify); the regex ones
+         * run here, in the core */
+        int64_t redactions = 0;
+        *message = lua_isstring(L, -1) ? redact_set_apply(t->redact, lua_tostring(L, -1),
+                                                          &redactions)
+                                       : NULL;
         changed = true;
     }
     lua_settop(L, top);

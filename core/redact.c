@@ -523,6 +523,20 @@ void redact_set_free(struct redact_set *set)
     free(set);
 }
 
+char *redact_set_apply(const struct redact_set *set, const char *text, int64_t *count)
+{
+    struct buf out = {0};
+    if (set && set->rules) {
+        struct redact_stream rs = {0};
+        regex_feed(set->rules, &rs, text, strlen(text), REDACT_EOF, count, append_sink, &out);
+        redact_stream_free(&rs);
+    } else {
+        buf_append(&out, text, strlen(text));
+    }
+    buf_append(&out, "", 1);
+    return out.data;
+}
+
 size_t redact_stream_held(const struct redact_stream *rs)
 {
     return rs->carry.len + (rs->rx ? rs->rx->text.len - rs->rx->done : 0);

@@ -74,6 +74,10 @@ struct redact_stream {
     struct buf carry;                   /* past the regex stage, not yet past Lua */
 };
 
+/* text as a whole through the set's regex stage (a classify message, which the Lua
+ * stage has seen already): a malloc'd string; *count grows by the redactions. */
+char *redact_set_apply(const struct redact_set *set, const char *text, int64_t *count);
+
 /* Bytes held back: output that may still be the start of a secret. */
 size_t redact_stream_held(const struct redact_stream *rs);
 void redact_stream_free(struct redact_stream *rs);

@@ -247,6 +247,12 @@ function TestStages.test_lua_function_redactors_run_after_the_regex_stage()
   lu.assertEquals(n, 0)                    -- only the tool that declares it
 end
 
+function TestStages.test_classify_messages_are_redacted()
+  local class, _, message = P:classify("leaky", { exit_code = 1, stdout_tail = "", stderr_tail = "" })
+  lu.assertEquals(class, "TOOL_ERROR")
+  lu.assertEquals(message, "push to https://ci:[REDACTED]@git.example failed")
+end
+
 -- ---- literal(), env_redactors() (plain Lua) -----------------------------------------------
 
 TestLiteral = {}
