@@ -87,10 +87,12 @@ add {
 -- ---- JWT ---------------------------------------------------------------------------------
 -- gitleaks "jwt": \b(ey[a-zA-Z0-9]{17,}\.ey[a-zA-Z0-9\/\\_-]{17,}\.(?:[a-zA-Z0-9\/\\_-]
 -- {10,}={0,2})?). header.payload.signature in base64url; the signature may be empty
--- (alg "none").
+-- (alg "none"). The header is at most 4 KiB and the payload 64 KiB, so that a long
+-- base64url run that merely starts with "eyJ" is let go once it is longer, not held
+-- to its end.
 add {
   name = "jwt", open = "eyJ",
-  regex = NOT_AFTER_TOKEN .. [[eyJ[A-Za-z0-9_-]{10,}+\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+={0,2}]],
+  regex = NOT_AFTER_TOKEN .. [[eyJ[A-Za-z0-9_-]{10,4096}+\.[A-Za-z0-9_-]{8,65535}+\.[A-Za-z0-9_-]*+={0,2}]],
 }
 
 -- ---- AI providers ---------------------------------------------------------------------------
