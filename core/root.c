@@ -4,9 +4,12 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/openat2.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static const char *const root_subdirs[] = {"workspace", "tmp", "cache", "home"};
@@ -101,7 +104,7 @@ char *root_create(const char *state_dir, const char *id, uid_t uid, gid_t gid, b
         const char *sub = root_subdirs[i];
         if (mkdirat(session, sub, 0700) < 0 && errno != EEXIST)
             goto out;
-        int fd = openat(session, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = root_open_beneath(session, sub, O_RDONLY | O_DIRECTORY, 0);
         if (fd < 0)
             goto out;
         int rc = (may_chown ? fchown(fd, uid, gid) : 0) | fchmod(fd, 0700);
@@ -115,6 +118,179 @@ out:
     close_quietly(&sessions);
     close_quietly(&state);
     return root;
+}
+
+/* The fallback of root_open_beneath for kernels without openat2 (before 5.6): one
+ * component at a time, each opened O_NOFOLLOW relative to the one before, ".." refused.
+ * Stack only: it may run in a child that shares its parent's memory. */
+int root_open_walk(int dirfd, const char *rel, int flags, mode_t mode)
+{
+    char path[PATH_MAX];
+    size_t n = strlen(rel);
+    if (n >= sizeof path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    if (rel[0] == '/') {
+        errno = EXDEV;
+        return -1;
+    }
+    memcpy(path, rel, n + 1);
+    int cur = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    char *p = path;
+    while (cur >= 0) {
+        while (*p == '/')
+            p++;
+        char *end = strchr(p, '/');
+        char *rest = end;
+        while (rest && *rest == '/')
+            rest++;
+        bool last = !end || !*rest;
+        if (end)
+            *end = 0;
+        if (!strcmp(p, "..")) {
+            close(cur);
+            errno = EXDEV;
+            return -1;
+        }
+        int next;
+        if (!*p || !strcmp(p, "."))
+            next = last ? openat(cur, ".", (flags & ~(O_CREAT | O_EXCL)) | O_CLOEXEC)
+                        : dup(cur);
+        else if (last)
+            next = openat(cur, p, flags | O_NOFOLLOW | O_CLOEXEC, mode);
+        else
+            next = openat(cur, p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int e = errno;
+        struct stat st;
+        /* a symlink on the way says ELOOP, as openat2 does, not ENOTDIR */
+        if (next < 0 && e == ENOTDIR && fstatat(cur, p, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISLNK(st.st_mode))
+            e = ELOOP;
+        close(cur);
+        errno = e;
+        if (last || next < 0)
+            return next;
+        cur = next;
+        p = rest;
+    }
+    return -1;
+}
+
+int root_open_beneath(int dirfd, const char *rel, int flags, mode_t mode)
+{
+    struct open_how how = {
+        .flags = (uint64_t)(unsigned)(flags | O_CLOEXEC),
+        .mode = flags & O_CREAT ? mode : 0,
+        .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    };
+    if (!*rel)
+        rel = ".";
+    /* EAGAIN: a rename raced the lookup (the kernel will not vouch for it); bounded */
+    for (int attempt = 0; attempt < 16; attempt++) {
+        long fd = syscall(SYS_openat2, dirfd, rel, &how, sizeof how);
+        if (fd >= 0)
+            return (int)fd;
+        if (errno == ENOSYS)
+            return root_open_walk(dirfd, rel, flags, mode);
+        if (errno != EAGAIN)
+            return -1;
+    }
+    return -1;
+}
+
+int root_mkdirs_beneath(int dirfd, const char *rel, mode_t mode)
+{
+    char path[PATH_MAX];
+    size_t n = strlen(rel);
+    if (n >= sizeof path || rel[0] == '/') {
+        errno = n >= sizeof path ? ENAMETOOLONG : EXDEV;
+        return -1;
+    }
+    memcpy(path, rel, n + 1);
+    int cur = root_open_beneath(dirfd, ".", O_RDONLY | O_DIRECTORY, 0);
+    for (char *p = path, *end; cur >= 0 && *p; p = end) {
+        end = strchr(p, '/');
+        if (end)
+            *end++ = 0;
+        else
+            end = p + strlen(p);
+        if (!*p || !strcmp(p, "."))
+            continue;
+        /* mkdirat never follows a final symlink (EEXIST), and the open below refuses it */
+        if (strcmp(p, "..") && mkdirat(cur, p, mode) < 0 && errno != EEXIST) {
+            close_quietly(&cur);
+            break;
+        }
+        int next = root_open_beneath(cur, p, O_RDONLY | O_DIRECTORY, 0);
+        int e = errno;
+        close(cur);
+        errno = e;
+        cur = next;
+    }
+    return cur;
+}
+
+int root_usage_at(int topfd, int64_t max_bytes, int64_t max_inodes, struct root_usage *out)
+{
+    struct stat top;
+    *out = (struct root_usage){0, 0};
+    if (fstat(topfd, &top) < 0)
+        return -1;
+    out->bytes = (int64_t)top.st_blocks * 512;
+    out->inodes = 1;
+    /* one open directory per level; deeper than the stack counts as over the caps, so
+     * that depth cannot hide anything */
+    DIR *stack[ROOT_USAGE_MAX_DEPTH];
+    int depth = 0, rc = 0;
+    int fd = openat(topfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    stack[depth++] = d;
+    while (depth > 0) {
+        DIR *cur = stack[depth - 1];
+        struct dirent *de = readdir(cur);
+        if (!de) {
+            closedir(cur);
+            depth--;
+            continue;
+        }
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(cur), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+            st.st_dev != top.st_dev)
+            continue;       /* gone meanwhile, or a mount point: not the root's */
+        out->inodes++;
+        out->bytes += (int64_t)st.st_blocks * 512;
+        if ((max_bytes > 0 && out->bytes > max_bytes) ||
+            (max_inodes > 0 && out->inodes > max_inodes))
+            break;
+        if (!S_ISDIR(st.st_mode))
+            continue;
+        if (depth == ROOT_USAGE_MAX_DEPTH) {
+            errno = E2BIG;
+            rc = -1;
+            break;
+        }
+        int c = openat(dirfd(cur), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        DIR *cd = c >= 0 ? fdopendir(c) : NULL;
+        if (!cd) {
+            if (c >= 0)
+                close(c);
+            continue;
+        }
+        stack[depth++] = cd;
+    }
+    int e = errno;
+    while (depth > 0)
+        closedir(stack[--depth]);
+    errno = e;
+    return rc;
 }
 
 /* One level of the walk: the name to remove in the parent, and the parent's identity so

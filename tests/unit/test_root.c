@@ -138,6 +138,105 @@ static void test_remove_missing_is_ok(const char *state)
     CHECK(root_remove(state, "never-created") == 0);
 }
 
+/* The pinned open, both ways: openat2 and the walk for kernels without it. */
+static void test_open_beneath(const char *state)
+{
+    char *top = xasprintf("%s/beneath", state);
+    CHECK(mkdir(top, 0755) == 0);
+    char *p = xasprintf("%s/a", top);
+    CHECK(mkdir(p, 0755) == 0);
+    free(p);
+    p = xasprintf("%s/a/f", top);
+    write_file(p, "x");
+    free(p);
+    p = xasprintf("%s/link", top);
+    CHECK(symlink("a", p) == 0);           /* even a symlink that stays inside */
+    free(p);
+    p = xasprintf("%s/a/up", top);
+    CHECK(symlink("/etc", p) == 0);
+    free(p);
+    int dir = open(top, O_RDONLY | O_DIRECTORY);
+    int (*const ways[])(int, const char *, int, mode_t) = {root_open_beneath, root_open_walk};
+    for (size_t w = 0; w < 2; w++) {
+        int fd = ways[w](dir, "a/f", O_RDONLY, 0);
+        CHECK(fd >= 0);
+        if (fd >= 0)
+            close(fd);
+        fd = ways[w](dir, "a//./f", O_RDONLY, 0);
+        CHECK(fd >= 0);
+        if (fd >= 0)
+            close(fd);
+        fd = ways[w](dir, "", O_RDONLY | O_DIRECTORY, 0);
+        CHECK(fd >= 0);
+        if (fd >= 0)
+            close(fd);
+        errno = 0;
+        CHECK(ways[w](dir, "link/f", O_RDONLY, 0) < 0 && errno == ELOOP);
+        errno = 0;
+        CHECK(ways[w](dir, "link", O_RDONLY | O_DIRECTORY, 0) < 0);
+        CHECK(ways[w](dir, "a/up/passwd", O_RDONLY, 0) < 0);
+        errno = 0;
+        CHECK(ways[w](dir, "a/../../x", O_RDONLY, 0) < 0 && errno == EXDEV);
+        errno = 0;
+        CHECK(ways[w](dir, "/etc/passwd", O_RDONLY, 0) < 0 && errno == EXDEV);
+        fd = ways[w](dir, "a/new", O_WRONLY | O_CREAT | O_EXCL, 0600);
+        CHECK(fd >= 0);
+        if (fd >= 0)
+            close(fd);
+        p = xasprintf("%s/a/new", top);
+        CHECK(unlink(p) == 0);
+        free(p);
+    }
+    /* mkdir -p never through a planted symlink */
+    int fd = root_mkdirs_beneath(dir, "a/b/c", 0755);
+    CHECK(fd >= 0);
+    if (fd >= 0)
+        close(fd);
+    p = xasprintf("%s/a/b/c", top);
+    CHECK(exists(p));
+    free(p);
+    CHECK(root_mkdirs_beneath(dir, "link/x/y", 0755) < 0);
+    CHECK(root_mkdirs_beneath(dir, "a/up/stockade-never", 0755) < 0);
+    CHECK(!exists("/etc/stockade-never"));
+    close(dir);
+    free(top);
+}
+
+static void test_usage(const char *state)
+{
+    char *top = xasprintf("%s/usage", state);
+    CHECK(mkdir(top, 0755) == 0);
+    for (int i = 0; i < 10; i++) {
+        char *p = xasprintf("%s/f%d", top, i);
+        write_file(p, "some bytes");
+        free(p);
+    }
+    char *deep = xasprintf("%s/d", top);
+    CHECK(mkdir(deep, 0755) == 0);
+    int dir = open(top, O_RDONLY | O_DIRECTORY);
+    struct root_usage u;
+    CHECK(root_usage_at(dir, 0, 0, &u) == 0);
+    CHECK(u.inodes == 12 && u.bytes > 0);
+    /* stops as soon as a cap is passed */
+    CHECK(root_usage_at(dir, 0, 5, &u) == 0);
+    CHECK(u.inodes == 6);
+    /* deeper than it counts: over the caps, whatever they are */
+    int cur = open(deep, O_RDONLY | O_DIRECTORY);
+    for (int i = 0; i < ROOT_USAGE_MAX_DEPTH + 2 && cur >= 0; i++) {
+        CHECK(mkdirat(cur, "d", 0755) == 0);
+        int next = openat(cur, "d", O_RDONLY | O_DIRECTORY);
+        close(cur);
+        cur = next;
+    }
+    if (cur >= 0)
+        close(cur);
+    errno = 0;
+    CHECK(root_usage_at(dir, 0, 0, &u) < 0 && errno == E2BIG);
+    close(dir);
+    free(deep);
+    free(top);
+}
+
 int main(void)
 {
     if (!mkdtemp(base))
@@ -148,6 +247,8 @@ int main(void)
     test_symlinks_are_not_followed(state);
     test_deep_tree(state);
     test_remove_missing_is_ok(state);
+    test_open_beneath(state);
+    test_usage(state);
     /* clean up our own temp dir */
     int dfd = open("/tmp", O_RDONLY | O_DIRECTORY);
     root_remove_tree_at(dfd, base + 5);
