@@ -389,6 +389,15 @@ static void classify(struct call *c, const struct shim_report *rep)
                    xasprintf("could not start %s: %s", c->tool->path, strerror(rep->err)), NULL);
         return;
     }
+    if (rep->outcome == SHIM_CWD_REFUSED) {
+        /* an earlier call replaced the workspace: nothing of this session is trusted */
+        LOG_E("session %s: workspace refused as the tool's cwd: %s", c->session->id,
+              strerror(rep->err));
+        set_result(c, CLASS_INTERNAL, false,
+                   xasprintf("the session's workspace is no longer the directory the session "
+                             "created (%s): refused", strerror(rep->err)), NULL);
+        return;
+    }
     if (rep->outcome == SHIM_FORK_FAILED) {
         set_result(c, CLASS_RESOURCE_LIMIT, false,
                    xasprintf("could not fork the tool: %s", strerror(rep->err)), NULL);
@@ -436,6 +445,16 @@ static void classify(struct call *c, const struct shim_report *rep)
         set_result(c, CLASS_RESOURCE_LIMIT, false,
                    xasprintf("the call's processes together went over the memory limit of "
                              "%lld MiB", (long long)(c->policy->limits.memory >> 20)), NULL);
+        return;
+    }
+    if (rep->killed_for == SHIM_KILLED_DISK || rep->killed_for == SHIM_KILLED_INODES) {
+        bool disk = rep->killed_for == SHIM_KILLED_DISK;
+        set_result(c, CLASS_RESOURCE_LIMIT, false,
+                   disk ? xasprintf("the session's files went over the disk limit of %lld MiB",
+                                    (long long)(c->policy->limits.disk >> 20))
+                        : xasprintf("the session's files went over the inode limit of %lld",
+                                    (long long)c->policy->limits.inodes),
+                   NULL);
         return;
     }
     int64_t cpu_limit_ms = c->policy->timeouts.cpu_ms;
@@ -696,6 +715,8 @@ static int call_spawn(struct call *c, int64_t depth)
         .argv = argv,
         .envp = envp,
         .cwd = cwd,
+        .cwd_dev = session->workspace_dev,
+        .cwd_ino = session->workspace_ino,
         .drop_user = session->drop_user,
         .uid = session->uid,
         .gid = session->gid,
@@ -705,11 +726,14 @@ static int call_spawn(struct call *c, int64_t depth)
             .file_size = lim->file_size,
             .open_files = lim->open_files,
             .processes = lim->processes,
+            .disk = lim->disk,
+            .inodes = lim->inodes,
         },
         .with_stdin = c->req.stdin_len > 0,
         .landlock = true,
         .seccomp = true,
-        .net_closed = session->net_closed,
+        .net_closed = (session->net_closed ? SANDBOX_NET_CLOSED : 0) |
+                      (session->zygote ? 0 : SANDBOX_HOST_SHARED),
         .session_root = session->root,
         /* inside a zygote /tmp and /var/tmp are binds of the session's tmp, which
          * Landlock sees as paths of their own */

@@ -491,6 +491,8 @@ static void read_settings(struct policy *p, int t)
     li->memory = get_int(L, t, "limits", "memory");
     li->processes = get_int(L, t, "limits", "processes");
     li->file_size = get_int(L, t, "limits", "file_size");
+    li->disk = get_int(L, t, "limits", "disk");
+    li->inodes = get_int(L, t, "limits", "inodes");
     li->open_files = get_int(L, t, "limits", "open_files");
     li->output = get_int(L, t, "limits", "output");
     li->stdin_bytes = get_int(L, t, "limits", "stdin");
@@ -796,6 +798,12 @@ struct policy *policy_load(const char *path, char **err)
     int t = lua_gettop(L);
     read_settings(p, t);
     read_tools(p, t);
+    /* process isolation has no network namespace: its "loopback" would be the host's */
+    if (strcmp(p->isolation, "process") == 0 && strcmp(p->network, "loopback") == 0) {
+        *err = xasprintf("policy %s: network = \"loopback\" needs isolation = \"strict\" (under "
+                         "process a tool would share the host's whole network)", path);
+        goto fail;
+    }
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_policy_table);
     if (init_engine(p, err) != POLICY_OK)
         goto fail_msg;

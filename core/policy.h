@@ -22,6 +22,7 @@ struct policy_limits {
     int64_t memory, processes, file_size, open_files, output, stdin_bytes, argv, argv_bytes,
         sessions, running, depth, lua_memory, lua_instructions;
     int64_t redact_hold;        /* bytes a possibly-growing secret may hold back */
+    int64_t disk, inodes;       /* per session root, watched by each call's shim */
     /* alarm thresholds; -1: derived by the server (fds: growth over the baseline) */
     int64_t alarm_zombies, alarm_fds, alarm_rss, alarm_processes, alarm_sessions;
 };

@@ -275,10 +275,26 @@ static const char *const denied_syscalls[] = {
     "io_uring_setup", "io_uring_enter", "io_uring_register",
 };
 
-/* Two filters: the base one (what no tool may do) and, for a closed network, the socket
- * families. Stacked, they refuse what either refuses. The base is what a spare shim
- * installs on itself while it waits, so a call only attaches the short second one. */
-enum seccomp_part { SECCOMP_BASE, SECCOMP_NET_CLOSED };
+/* Two filters stacked: the base one (what no tool may do) and one of the short others:
+ * the socket families of a closed network, what a tool sharing the host (process
+ * isolation) may not touch, or both. Stacked, they refuse what either refuses. The base
+ * is what a spare shim installs on itself while it waits, so a call attaches one more. */
+enum seccomp_part { SECCOMP_BASE, SECCOMP_NET_CLOSED, SECCOMP_HOST_SHARED,
+                    SECCOMP_HOST_SHARED_NET_CLOSED, SECCOMP_PARTS };
+
+/* Under process isolation the tool shares the host's IPC namespace and file system: what
+ * lives there outlives the call and reaches other sessions (SysV segments, queues and
+ * semaphores, POSIX message queues), or what Landlock does not see (extended attributes
+ * on a world-writable host file). */
+static const char *const host_shared_syscalls[] = {
+    "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget",
+    "semop", "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend",
+    "mq_timedreceive", "mq_notify", "mq_getsetattr",
+};
+static const char *const xattr_writes[] = {
+    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
+    "setxattrat", "removexattrat",
+};
 
 static int seccomp_build(enum seccomp_part part, scmp_filter_ctx *out)
 {
@@ -318,7 +334,8 @@ static int seccomp_build(enum seccomp_part part, scmp_filter_ctx *out)
      * length is attach cost. */
     for (int fam = 0; fam <= AF_INET6 && rc == 0; fam++) {
         bool inet = fam == AF_INET || fam == AF_INET6;
-        if (fam == AF_UNIX || inet != (part == SECCOMP_NET_CLOSED))
+        if (fam == AF_UNIX || part == SECCOMP_HOST_SHARED ||
+            inet != (part == SECCOMP_NET_CLOSED || part == SECCOMP_HOST_SHARED_NET_CLOSED))
             continue;
         rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
                               SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)fam));
@@ -326,6 +343,23 @@ static int seccomp_build(enum seccomp_part part, scmp_filter_ctx *out)
     if (part == SECCOMP_BASE && rc == 0)
         rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
                               SCMP_A0(SCMP_CMP_GT, (scmp_datum_t)AF_INET6));
+    bool host = part == SECCOMP_HOST_SHARED || part == SECCOMP_HOST_SHARED_NET_CLOSED;
+    for (size_t i = 0; host && i < ARRAY_LEN(host_shared_syscalls) && rc == 0; i++) {
+        int nr = seccomp_syscall_resolve_name(host_shared_syscalls[i]);
+        if (nr != __NR_SCMP_ERROR)
+            rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
+    }
+    /* EOPNOTSUPP: what a file system without xattrs answers, which tools handle */
+    for (size_t i = 0; host && i < ARRAY_LEN(xattr_writes) && rc == 0; i++) {
+        int nr = seccomp_syscall_resolve_name(xattr_writes[i]);
+        if (nr != __NR_SCMP_ERROR)
+            rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EOPNOTSUPP), nr, 0);
+    }
+    /* a new AF_UNIX socket could connect to any pathname socket of the host (Landlock
+     * scopes abstract ones only); socketpair, which reaches nobody, stays */
+    if (part == SECCOMP_HOST_SHARED_NET_CLOSED && rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
+                              SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)AF_UNIX));
     if (rc != 0) {
         seccomp_release(ctx);
         return rc;
@@ -336,7 +370,7 @@ static int seccomp_build(enum seccomp_part part, scmp_filter_ctx *out)
 
 /* The filters are compiled to BPF once, in the supervisor (and so inherited by every
  * zygote and shim it forks): a call only attaches them. */
-static struct sock_fprog compiled[2];       /* by enum seccomp_part */
+static struct sock_fprog compiled[SECCOMP_PARTS];     /* by enum seccomp_part */
 static bool base_attached;                  /* by this process (a spare), for its tool */
 
 static int seccomp_compile(enum seccomp_part part, struct sock_fprog *out)
@@ -374,7 +408,7 @@ int sandbox_seccomp_prepare(void)
 {
     if (!sandbox_caps()->available[LAYER_SECCOMP])
         return 0;
-    for (int part = SECCOMP_BASE; part <= SECCOMP_NET_CLOSED; part++) {
+    for (int part = SECCOMP_BASE; part < SECCOMP_PARTS; part++) {
         if (compiled[part].filter)
             continue;
         int rc = seccomp_compile((enum seccomp_part)part, &compiled[part]);
@@ -406,11 +440,15 @@ int sandbox_seccomp_attach_base(void)
     return 0;
 }
 
-int sandbox_apply_seccomp(bool net_closed)
+int sandbox_apply_seccomp(unsigned walls)
 {
     if (!sandbox_caps()->available[LAYER_SECCOMP])
         return 0;
     if (!base_attached && seccomp_attach(SECCOMP_BASE) < 0)
         return -1;
-    return net_closed ? seccomp_attach(SECCOMP_NET_CLOSED) : 0;
+    /* one more filter per call at most: its attach is per-call cost */
+    bool net = walls & SANDBOX_NET_CLOSED;
+    if (walls & SANDBOX_HOST_SHARED)
+        return seccomp_attach(net ? SECCOMP_HOST_SHARED_NET_CLOSED : SECCOMP_HOST_SHARED);
+    return net ? seccomp_attach(SECCOMP_NET_CLOSED) : 0;
 }

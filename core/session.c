@@ -5,6 +5,7 @@
 #include "zygote.h"
 #include "util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -54,7 +55,36 @@ static char *uuid_v4(void)
  * different state dirs must not hand out the same uid either. */
 #define UID_LOCK_DIR "/run/stockade/uids"
 
-static int uid_take(struct uid_range range, uid_t prefer, uid_t *uid)
+/* The uids that own a root in STATE_DIR/sessions other than `id`'s: a kept root keeps its
+ * uid for as long as it exists, whether or not a session holds its lock (a later session
+ * drawing that uid would own the kept files). malloc'd; *n entries. */
+static uid_t *kept_root_uids(const char *state_dir, const char *id, size_t *n)
+{
+    *n = 0;
+    char *path = xasprintf("%s/sessions", state_dir);
+    DIR *d = opendir(path);
+    free(path);
+    uid_t *uids = NULL;
+    size_t cap = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        struct stat st;
+        if (de->d_name[0] == '.' || !strcmp(de->d_name, id) ||
+            fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode))
+            continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            uids = xrealloc(uids, cap * sizeof *uids);
+        }
+        uids[(*n)++] = st.st_uid;
+    }
+    if (d)
+        closedir(d);
+    return uids;
+}
+
+static int uid_take(struct uid_range range, uid_t prefer, const uid_t *kept, size_t nkept,
+                    uid_t *uid)
 {
     char *dir = xstrdup(UID_LOCK_DIR);
     if ((mkdir("/run/stockade", 0700) < 0 && errno != EEXIST) ||
@@ -70,8 +100,14 @@ static int uid_take(struct uid_range range, uid_t prefer, uid_t *uid)
     if (prefer >= range.first && prefer - range.first < range.count)
         start = prefer - range.first;
     int fd = -1;
+    errno = 0;
     for (unsigned i = 0; i < range.count; i++) {
         uid_t u = range.first + (start + i) % range.count;
+        bool reserved = false;
+        for (size_t k = 0; k < nkept && !reserved; k++)
+            reserved = kept[k] == u;
+        if (reserved)
+            continue;
         char *path = xasprintf("%s/%u", dir, (unsigned)u);
         fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
         free(path);
@@ -84,7 +120,7 @@ static int uid_take(struct uid_range range, uid_t prefer, uid_t *uid)
         close_quietly(&fd);
     }
     free(dir);
-    if (fd < 0 && errno == 0)
+    if (fd < 0 && (errno == 0 || errno == EWOULDBLOCK))
         errno = EAGAIN;
     return fd;
 }
@@ -116,7 +152,10 @@ struct session *session_open(const char *state_dir, const char *id, bool reuse,
         char *existing = xasprintf("%s/sessions/%s", state_dir, s->id);
         uid_t prefer = reuse && lstat(existing, &st) == 0 ? st.st_uid : 0;
         free(existing);
-        s->uid_lock_fd = uid_take(range, prefer, &s->uid);
+        size_t nkept;
+        uid_t *kept = kept_root_uids(state_dir, s->id, &nkept);
+        s->uid_lock_fd = uid_take(range, prefer, kept, nkept, &s->uid);
+        free(kept);
         if (s->uid_lock_fd < 0) {
             *err = xasprintf("no free service uid in %u-%u: %s", (unsigned)range.first,
                              (unsigned)(range.first + range.count - 1), strerror(errno));
@@ -132,6 +171,22 @@ struct session *session_open(const char *state_dir, const char *id, bool reuse,
         *err = errno == EEXIST ? xasprintf("session %s already exists", s->id)
                                : xasprintf("session root for %s in %s: %s", s->id, state_dir,
                                            strerror(errno));
+        goto fail;
+    }
+    /* what the tool's cwd must be, call after call (spawn.h) */
+    int rootfd = open(s->root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int ws = rootfd >= 0 ? root_open_beneath(rootfd, "workspace", O_RDONLY | O_DIRECTORY, 0) : -1;
+    struct stat st;
+    bool pinned = ws >= 0 && fstat(ws, &st) == 0;
+    if (pinned) {
+        s->workspace_dev = st.st_dev;
+        s->workspace_ino = st.st_ino;
+    }
+    int e = errno;
+    close_quietly(&ws);
+    close_quietly(&rootfd);
+    if (!pinned) {
+        *err = xasprintf("session root for %s: workspace: %s", s->id, strerror(e));
         goto fail;
     }
     return s;

@@ -32,6 +32,8 @@ struct session {
     int landlock_fd;            /* process: the ruleset its tools restrict themselves to;
                                  * -1 when it could not be built (each tool then tries) */
     bool net_closed;            /* the policy's network is "none" */
+    dev_t workspace_dev;        /* the workspace as the session created (or reopened) it: */
+    ino_t workspace_ino;        /*   a tool's cwd must still be that directory */
 };
 
 int uid_range_parse(const char *s, struct uid_range *out);

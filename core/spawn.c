@@ -1,5 +1,6 @@
 #include "spawn.h"
 #include "proc.h"
+#include "root.h"
 #include "sandbox.h"
 #include "util.h"
 
@@ -14,6 +15,7 @@
 #include <sys/pidfd.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -70,15 +72,18 @@ static _Noreturn void tool_fail(int errpipe, int err)
     _exit(127);
 }
 
-/* The tool's side of the fork, in the shim's child: lock down, then exec. */
-static _Noreturn void tool_exec(const struct spawn_req *req, int errpipe)
+/* The tool's side of the fork, in the shim's child: lock down, then exec. cwd_fd: the
+ * workspace, opened pinned by the shim (shim_open_cwd). */
+static _Noreturn void tool_exec(const struct spawn_req *req, int cwd_fd, int errpipe)
 {
     if (setpgid(0, 0) < 0)
         tool_fail(errpipe, errno);
     /* Everything but 0,1,2 (and the CLOEXEC error pipe) is closed at exec. */
     if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
         tool_fail(errpipe, errno);
-    if (chdir(req->cwd) < 0)
+    /* by the fd the shim pinned: a path would be resolved as root, through whatever the
+     * tool of an earlier call left there */
+    if (fchdir(cwd_fd) < 0)
         tool_fail(errpipe, errno);
 
     if (req->drop_user) {
@@ -96,7 +101,8 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int errpipe)
     if (req->landlock) {
         struct sandbox_fs fs = {req->session_root, req->rw_paths};
         if ((req->landlock_fd >= 0 ? sandbox_landlock_restrict(req->landlock_fd)
-                                   : sandbox_apply_landlock(&fs, req->net_closed)) < 0)
+                                   : sandbox_apply_landlock(&fs, req->net_closed &
+                                                                  SANDBOX_NET_CLOSED)) < 0)
             tool_fail(errpipe, errno);
     }
     /* after Landlock: the filter refuses nothing Landlock needs, but keep walls in the
@@ -141,6 +147,7 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int errpipe)
 
 struct tool_start {
     const struct spawn_req *req;
+    int cwd_fd;
     int errpipe;
 };
 
@@ -148,12 +155,12 @@ static int tool_child(void *arg)
 {
     const struct tool_start *ts = arg;
     close(SHIM_STATUS_FD);
-    tool_exec(ts->req, ts->errpipe);
+    tool_exec(ts->req, ts->cwd_fd, ts->errpipe);
 }
 
-static pid_t tool_spawn(const struct spawn_req *req, int errpipe)
+static pid_t tool_spawn(const struct spawn_req *req, int cwd_fd, int errpipe)
 {
-    struct tool_start ts = {req, errpipe};
+    struct tool_start ts = {req, cwd_fd, errpipe};
 #if TOOL_SHARES_MEMORY
     static char stack[64 * 1024] __attribute__((aligned(16)));
     return clone(tool_child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &ts);
@@ -192,10 +199,160 @@ static bool shim_reap(pid_t tool, bool *tool_done, int *tool_status)
 
 static void shim_noop(int sig) { (void)sig; }
 
-/* Resident memory of the call's processes together: everyone in the pid namespace when
- * we are its init, else the tree below us (through the children lists, not a scan of
- * every process on the host). */
-static int64_t tree_rss_kb(bool pid1)
+/* The session root, by its path: an entry of the supervisor's sessions dir, which no tool
+ * writes. */
+static int shim_open_root(const struct spawn_req *req)
+{
+    if (!req->session_root || !*req->session_root) {
+        errno = EXDEV;
+        return -1;
+    }
+    return open(req->session_root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+/* The tool's cwd, opened beneath the session root (no symlink, no "..") and checked to be
+ * the directory the session created: an earlier call's tool may have replaced it by a
+ * symlink to anywhere root can reach. -1 with errno (ESTALE: another directory). */
+static int shim_open_cwd(const struct spawn_req *req, int rootfd)
+{
+    size_t n = strlen(req->session_root);
+    if (rootfd < 0 || strncmp(req->cwd, req->session_root, n) != 0 ||
+        (req->cwd[n] != '/' && req->cwd[n])) {
+        errno = EXDEV;
+        return -1;
+    }
+    int fd = root_open_beneath(rootfd, req->cwd + n + (req->cwd[n] == '/'),
+                               O_RDONLY | O_DIRECTORY, 0);
+    struct stat st;
+    if (fd >= 0 && req->cwd_ino &&
+        (fstat(fd, &st) < 0 || st.st_dev != req->cwd_dev || st.st_ino != req->cwd_ino)) {
+        close(fd);
+        errno = ESTALE;
+        return -1;
+    }
+    return fd;
+}
+
+/* limits.disk and limits.inodes: the session root's usage, walked (bounded by the caps)
+ * at most every DISK_WATCH_MIN_MS and never more than 1/20 of the time. */
+#define DISK_WATCH_MIN_MS 250
+
+static int disk_check(const struct spawn_req *req, int rootfd, int64_t *next_ms)
+{
+    const struct spawn_limits *l = &req->limits;
+    int64_t t0 = now_ms();
+    struct root_usage u;
+    int rc = root_usage_at(rootfd, l->disk, l->inodes, &u);
+    int64_t took = now_ms() - t0;
+    *next_ms = now_ms() + (took * 20 > DISK_WATCH_MIN_MS ? took * 20 : DISK_WATCH_MIN_MS);
+    if (rc < 0 && errno == E2BIG)
+        return SHIM_KILLED_INODES;
+    if (l->disk > 0 && u.bytes > l->disk)
+        return SHIM_KILLED_DISK;
+    if (l->inodes > 0 && u.inodes > l->inodes)
+        return SHIM_KILLED_INODES;
+    return 0;
+}
+
+/* A shim is a fork of the supervisor: its command line and environment (the supervisor's
+ * flags, paths) would show in the tool's /proc, where the shim is pid 1 under strict. */
+static void shim_scrub_cmdline(void)
+{
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (n <= 0)
+        return;
+    buf[n] = 0;
+    /* fields 48-51 (arg_start, arg_end, env_start, env_end) count from after "(comm)" */
+    char *p = strrchr(buf, ')');
+    unsigned long v[4];
+    int field = 2;
+    for (; p && *p && field < 48; p++)
+        if (*p == ' ')
+            field++;
+    if (!p || sscanf(p, "%lu %lu %lu %lu", &v[0], &v[1], &v[2], &v[3]) != 4)
+        return;
+    static const char name[] = "stockade-shim";
+    for (int i = 0; i < 4; i += 2) {
+        if (v[i + 1] <= v[i])
+            continue;
+        memset((void *)v[i], 0, v[i + 1] - v[i]);
+        if (i == 0 && v[1] - v[0] > sizeof name)
+            memcpy((void *)v[0], name, sizeof name);
+    }
+}
+
+/* Shared memory no process maps, or maps without it showing as theirs alone: memfds held
+ * open (written with write(), they are in no RSS) and the SysV segments of the call's IPC
+ * namespace. Deduplicated by inode; capped in work like the rest of the watch. */
+static int64_t shared_kb(const pid_t *pids, size_t n, bool pid1)
+{
+    enum { MAX_FILES = 1024, MAX_FDS = 4096 };
+    static struct {
+        dev_t dev;
+        ino_t ino;
+    } seen[MAX_FILES];
+    size_t nseen = 0, fds = 0;
+    int64_t bytes = 0;
+    for (size_t i = 0; i < n && fds < MAX_FDS; i++) {
+        char dir[64];
+        snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pids[i]);
+        DIR *d = opendir(dir);
+        struct dirent *de;
+        while (d && (de = readdir(d)) && fds < MAX_FDS) {
+            if (de->d_name[0] == '.')
+                continue;
+            fds++;
+            char link[sizeof dir + sizeof de->d_name + 1], target[64];
+            snprintf(link, sizeof link, "%s/%s", dir, de->d_name);
+            ssize_t k = readlink(link, target, sizeof target - 1);
+            if (k < 7 || memcmp(target, "/memfd:", 7) != 0)
+                continue;
+            struct stat st;
+            if (stat(link, &st) < 0)
+                continue;
+            bool dup = false;
+            for (size_t j = 0; j < nseen && !dup; j++)
+                dup = seen[j].dev == st.st_dev && seen[j].ino == st.st_ino;
+            if (dup)
+                continue;
+            if (nseen < MAX_FILES) {
+                seen[nseen].dev = st.st_dev;
+                seen[nseen++].ino = st.st_ino;
+            }
+            bytes += (int64_t)st.st_blocks * 512;
+        }
+        if (d)
+            closedir(d);
+    }
+    /* pid 1 of the session's world: its IPC namespace is the session's; its segments
+     * outlive a call, and count for every call of the session */
+    FILE *f = pid1 ? fopen("/proc/sysvipc/shm", "re") : NULL;
+    char line[512];
+    if (f && fgets(line, sizeof line, f)) {
+        while (fgets(line, sizeof line, f)) {
+            long long rss = 0;
+            /* key shmid perms size cpid lpid nattch uid gid cuid cgid atime dtime ctime rss */
+            if (sscanf(line, "%*d %*d %*o %*u %*d %*d %*u %*u %*u %*u %*u %*u %*u %*u %lld",
+                       &rss) == 1)
+                bytes += rss;
+        }
+    }
+    if (f)
+        fclose(f);
+    return bytes / 1024;
+}
+
+/* Memory of the call's processes together: everyone in the pid namespace when we are its
+ * init, else the tree below us (through the children lists, not a scan of every process
+ * on the host). Each process's resident pages less its shared ones (file pages, which
+ * the kernel may drop, and shared memory, which would count once per process mapping
+ * it), plus the shared memory itself, once: memfds and SysV segments (shared_kb, which
+ * costs a walk of every fd: refreshed only when `refresh_shared`, else *shared reused). */
+static int64_t tree_rss_kb(bool pid1, bool refresh_shared, int64_t *shared)
 {
     enum { MAX_PIDS = 4096 };
     static pid_t pids[MAX_PIDS];
@@ -225,11 +382,13 @@ static int64_t tree_rss_kb(bool pid1)
         if (r <= 0)
             continue;
         buf[r] = 0;
-        long size = 0, resident = 0;
-        if (sscanf(buf, "%ld %ld", &size, &resident) == 2)
-            total += resident * page_kb;
+        long size = 0, resident = 0, shared_pages = 0;
+        if (sscanf(buf, "%ld %ld %ld", &size, &resident, &shared_pages) == 3)
+            total += (resident - shared_pages) * page_kb;
     }
-    return total;
+    if (refresh_shared)
+        *shared = shared_kb(pids, n, pid1);
+    return total + *shared;
 }
 
 /* Signal every process of the call's tree. As pid 1 of the call's own pid namespace,
@@ -291,6 +450,15 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool 
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     setsid();
 
+    shim_scrub_cmdline();
+    int rootfd = shim_open_root(req);
+    int cwd_fd = shim_open_cwd(req, rootfd);
+    if (cwd_fd < 0) {
+        rep.outcome = SHIM_CWD_REFUSED;
+        rep.err = errno;
+        shim_report_write(&rep);
+        _exit(0);
+    }
     int errpipe[2];
     if (pipe2(errpipe, O_CLOEXEC) < 0) {
         rep.outcome = SHIM_FORK_FAILED;
@@ -298,7 +466,8 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool 
         shim_report_write(&rep);
         _exit(0);
     }
-    pid_t tool = tool_spawn(req, errpipe[1]);
+    pid_t tool = tool_spawn(req, cwd_fd, errpipe[1]);
+    close(cwd_fd);
     if (tool < 0) {
         rep.outcome = SHIM_FORK_FAILED;
         rep.err = errno;
@@ -327,7 +496,9 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool 
 
     bool tool_done = false, killing = false;
     int tool_status = 0;
-    int64_t next_watch = now_ms() + 50;
+    int64_t next_watch = now_ms() + 50, next_disk = now_ms() + 100, shared = 0;
+    unsigned watches = 0;
+    bool disk_watch = req->limits.disk > 0 || req->limits.inodes > 0;
     if (n == (ssize_t)sizeof err) {
         rep.outcome = SHIM_EXEC_FAILED;
         rep.err = err;
@@ -353,15 +524,25 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool 
          * that is over in a few ms never pays for a walk. */
         if (!killing && req->limits.memory > 0 && now_ms() >= next_watch) {
             next_watch = now_ms() + 50;
-            if (tree_rss_kb(pid1) * 1024 > req->limits.memory) {
+            /* shared memory costs a look at every fd: every fourth watch */
+            if (tree_rss_kb(pid1, watches++ % 4 == 0, &shared) * 1024 > req->limits.memory) {
                 rep.killed_for = SHIM_KILLED_MEMORY;
+                killing = true;
+                continue;
+            }
+        }
+        if (!killing && disk_watch && now_ms() >= next_disk) {
+            int over = disk_check(req, rootfd, &next_disk);
+            if (over) {
+                rep.killed_for = over;
                 killing = true;
                 continue;
             }
         }
         struct timespec tick = {0, (killing ? 20 : 50) * 1000 * 1000};
         siginfo_t si;
-        int sig = sigtimedwait(&set, &si, killing || req->limits.memory > 0 ? &tick : NULL);
+        bool watching = req->limits.memory > 0 || disk_watch;
+        int sig = sigtimedwait(&set, &si, killing || watching ? &tick : NULL);
         if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
             if (!killing)
                 shim_signal_tree(pid1, SIGTERM);
@@ -370,6 +551,7 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool 
         }
     }
 
+    close_quietly(&rootfd);
     struct rusage ru;
     if (getrusage(RUSAGE_CHILDREN, &ru) == 0) {
         rep.cpu_us = (int64_t)ru.ru_utime.tv_sec * 1000000 + ru.ru_utime.tv_usec +

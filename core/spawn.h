@@ -17,13 +17,17 @@ struct spawn_limits {           /* 0: leave the inherited limit */
     int64_t file_size;          /* RLIMIT_FSIZE */
     int64_t open_files;         /* RLIMIT_NOFILE */
     int64_t processes;          /* RLIMIT_NPROC: only with a dedicated uid */
+    int64_t disk, inodes;       /* the session root's usage, watched by the shim */
 };
+
 
 struct spawn_req {
     const char *path;           /* absolute; never looked up in PATH */
     char *const *argv;          /* argv[0] included, NULL-terminated */
     char *const *envp;          /* built from nothing by the caller */
-    const char *cwd;
+    const char *cwd;            /* beneath session_root: entered through a pinned fd */
+    dev_t cwd_dev;              /* what cwd must be (the dir the session created); */
+    ino_t cwd_ino;              /*   0: not checked */
     bool drop_user;             /* run the tool as uid:gid, supplementary groups dropped */
     uid_t uid;
     gid_t gid;
@@ -32,7 +36,7 @@ struct spawn_req {
     /* walls applied in the tool's process before exec (sandbox.h) */
     bool landlock;              /* writes only beneath session_root and rw_paths */
     bool seccomp;               /* the syscall filter */
-    bool net_closed;            /* no TCP (Landlock), no AF_INET* sockets (seccomp) */
+    unsigned net_closed;        /* SANDBOX_NET_CLOSED | SANDBOX_HOST_SHARED (sandbox.h) */
     const char *session_root;
     const char *const *rw_paths;
     int landlock_fd;            /* the ruleset for the above, built already; -1: build it */
@@ -50,10 +54,13 @@ enum shim_outcome {
     SHIM_EXITED = 1,            /* the tool ran; wstatus is its status */
     SHIM_EXEC_FAILED,           /* the tool could not be started; err is errno */
     SHIM_FORK_FAILED,
+    SHIM_CWD_REFUSED,           /* the workspace is not the session's any more; err */
 };
 
 #define SHIM_REPORT_MAGIC 0x53544b44u
 #define SHIM_KILLED_MEMORY 1        /* the tree together went over limits.memory */
+#define SHIM_KILLED_DISK 2          /* the session root went over limits.disk */
+#define SHIM_KILLED_INODES 3        /* ... over limits.inodes (or deeper than counted) */
 
 struct shim_report {
     uint32_t magic;

@@ -124,6 +124,7 @@ local TIMEOUTS = {
 }
 local LIMITS = {
   memory = is_size, processes = is_count, file_size = is_size, open_files = is_count,
+  disk = is_size, inodes = is_count,
   output = is_size, stdin = is_size, argv = is_count, argv_bytes = is_size,
   sessions = is_count, running = is_count, depth = is_count,
   lua_memory = is_size, lua_instructions = is_count,
@@ -140,6 +141,7 @@ local DEFAULTS = {
   limits = {
     memory = 512 * 1024 * 1024, processes = 64, file_size = 1024 * 1024 * 1024,
     open_files = 256, output = 1024 * 1024, stdin = 1024 * 1024, argv = 64,
+    disk = 2 * 1024 * 1024 * 1024, inodes = 100000,
     argv_bytes = 64 * 1024, sessions = 256, running = 64, depth = 4,
     lua_memory = 64 * 1024 * 1024, lua_instructions = 10000000,
     redact_hold = 1024 * 1024,
