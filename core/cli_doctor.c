@@ -10,6 +10,87 @@
 #include <string.h>
 #include <unistd.h>
 
+/* What each level gives and does not: printed so that nobody believes it gives more.
+ * The README's threat model says the same at more length. */
+static const char *const process_gives[] = {
+    "writes only beneath the session root (Landlock); TCP refused with network \"none\"",
+    "no socket family but AF_UNIX; with network \"none\" no new AF_UNIX socket either "
+    "(socketpair only): no host daemon's pathname socket",
+    "no SysV IPC, no POSIX message queues, no xattr writes; no mount, ptrace, bpf, "
+    "namespaces, io_uring, keyctl, TIOCSTI (seccomp)",
+    "the cwd is entered through a pinned fd; privileged code never follows a path the "
+    "tool could plant",
+    "the call's whole tree ends with the call; memory of the tree (resident, memfds) "
+    "watched 20 times a second; limits.disk and limits.inodes of the root watched",
+    NULL,
+};
+static const char *const process_root_gives[] = {
+    "a uid per session (kept roots keep theirs): sessions cannot read each other's "
+    "private files or signal each other; RLIMIT_NPROC per session",
+    NULL,
+};
+static const char *const process_lacks[] = {
+    "reads: the tool reads whatever the host's file modes let its uid read",
+    "/proc is the host's: every process and its command line is listed",
+    "utime(NULL) on a world-writable host file (Landlock has no right for timestamps)",
+    "network \"loopback\" is refused at load: it would be the host's whole network",
+    NULL,
+};
+static const char *const process_nonroot_lacks[] = {
+    "not root: every session runs as the supervisor's uid: sessions read each other's "
+    "files (Landlock stops writes only), no per-session process cap",
+    NULL,
+};
+static const char *const strict_gives[] = {
+    "the uid, Landlock, seccomp and limits of process (SysV IPC and AF_UNIX allowed: the "
+    "namespaces make them the session's own)",
+    "the host read-only and mostly absent (only /usr, /bin, /lib*, /sbin, /etc, a sysfs of "
+    "its own); /tmp and /var/tmp the session's own, nosuid, nodev",
+    "its own pid namespace per call (/proc shows the call only), network namespace (no "
+    "host interface, lo only), IPC namespace per session (SysV counted in memory), uts",
+    NULL,
+};
+static const char *const all_lack[] = {
+    "hard tree-wide limits: memory, disk and inodes are watched (a tree may overshoot by "
+    "what it allocates in 50 ms, writes in 250 ms), CPU is per process (RLIMIT_CPU); "
+    "no I/O bandwidth limit",
+    "the kernel's own attack surface: syscalls outside the deny list are allowed",
+    NULL,
+};
+static const char *const operator_adds[] = {
+    "a delegated cgroup v2 subtree (memory.max, pids.max, io.max) for hard tree-wide "
+    "limits; stockade does not use one today",
+    "a file system with project quotas, or a size-limited one, under the state dir for "
+    "hard disk limits",
+    "root for the supervisor (per-session uids); a state dir outside /tmp and /var/tmp",
+    NULL,
+};
+
+static void print_list(const char *mark, const char *const *items)
+{
+    for (const char *const *i = items; *i; i++)
+        printf("    %s %s\n", mark, *i);
+}
+
+static void print_guarantees(bool root)
+{
+    printf("guarantees, isolation process%s:\n", root ? "" : " (not root)");
+    print_list("+", process_gives);
+    if (root)
+        print_list("+", process_root_gives);
+    print_list("-", process_lacks);
+    if (!root)
+        print_list("-", process_nonroot_lacks);
+    print_list("-", all_lack);
+    printf("guarantees, isolation strict:\n");
+    print_list("+", strict_gives);
+    if (!root)
+        print_list("-", process_nonroot_lacks);
+    print_list("-", all_lack);
+    printf("the operator must add:\n");
+    print_list("*", operator_adds);
+}
+
 int cli_doctor(int argc, char **argv)
 {
     (void)argc, (void)argv;
@@ -46,5 +127,6 @@ int cli_doctor(int argc, char **argv)
     for (size_t i = 0; i < n; i++)
         printf("%s%s", i ? ", " : "", layers[i]);
     printf(")\n");
+    print_guarantees(c->root);
     return strict ? 0 : 1;
 }

@@ -177,6 +177,8 @@ int cli_run(int argc, char **argv)
     if (!sandbox_level_allowed(policy->isolation, &why))
         die("policy %s requires isolation=%s, which this host cannot give: %s", policy_path,
             policy->isolation, why);
+    if (!sandbox_network_allowed(policy->isolation, policy->network, &why))
+        die("policy %s: %s", policy_path, why);
     struct session *session = session_open(state_dir, session_id, session_id != NULL, uids, &err);
     if (!session)
         die("%s", err);

@@ -798,12 +798,6 @@ struct policy *policy_load(const char *path, char **err)
     int t = lua_gettop(L);
     read_settings(p, t);
     read_tools(p, t);
-    /* process isolation has no network namespace: its "loopback" would be the host's */
-    if (strcmp(p->isolation, "process") == 0 && strcmp(p->network, "loopback") == 0) {
-        *err = xasprintf("policy %s: network = \"loopback\" needs isolation = \"strict\" (under "
-                         "process a tool would share the host's whole network)", path);
-        goto fail;
-    }
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_policy_table);
     if (init_engine(p, err) != POLICY_OK)
         goto fail_msg;

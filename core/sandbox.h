@@ -29,6 +29,10 @@ const struct sandbox_caps *sandbox_caps(void);
 size_t sandbox_active_layers(const char *level, const char **out);
 /* Can the host give `level` ("strict" or "process")? False and *why (malloc'd) if not. */
 bool sandbox_level_allowed(const char *level, char **why);
+/* Can `level` give `network` honestly? False and *why (malloc'd) if not: "loopback" under
+ * process would be the host's whole network. Checked wherever a policy is taken to run
+ * calls (run, serve, reload). */
+bool sandbox_network_allowed(const char *level, const char *network, char **why);
 
 /* What the walls allow a tool to write: its session root and the policy's rw mounts. */
 struct sandbox_fs {

@@ -169,6 +169,16 @@ bool sandbox_level_allowed(const char *level, char **why)
     return true;
 }
 
+bool sandbox_network_allowed(const char *level, const char *network, char **why)
+{
+    if (strcmp(level, "strict") != 0 && strcmp(network, "loopback") == 0) {
+        *why = xstrdup("network = \"loopback\" needs isolation = \"strict\": without a "
+                       "network namespace a tool would share the host's whole network");
+        return false;
+    }
+    return true;
+}
+
 /* ---- Landlock ------------------------------------------------------------------- */
 
 static int ll_add_path(int ruleset, const char *path, __u64 access)

@@ -1217,6 +1217,12 @@ static struct policy *reload(struct server *srv, char **err)
         policy_unref(p);
         return NULL;
     }
+    if (!sandbox_network_allowed(p->isolation, p->network, &why)) {
+        *err = xasprintf("policy %s: %s", srv->policy_path, why);
+        free(why);
+        policy_unref(p);
+        return NULL;
+    }
     if (isolation_rank(p->isolation) < isolation_rank(srv->policy->isolation)) {
         *err = xasprintf("the new policy would lower isolation from %s to %s: that takes a "
                          "restart", srv->policy->isolation, p->isolation);
@@ -1809,6 +1815,8 @@ struct server *server_new(const struct server_opts *opts)
     if (!sandbox_level_allowed(srv->policy->isolation, &why))
         die("policy %s requires isolation=%s, which this host cannot give: %s",
             opts->policy_path, srv->policy->isolation, why);
+    if (!sandbox_network_allowed(srv->policy->isolation, srv->policy->network, &why))
+        die("policy %s: %s", opts->policy_path, why);
     srv->state_dir = xstrdup(opts->state_dir);
     if (mkdir(srv->state_dir, 0711) < 0 && errno != EEXIST)
         die_errno("state dir %s", srv->state_dir);

@@ -375,3 +375,16 @@ def test_xattr_on_world_writable_host_file(sbx, hostdirs, level):
     sbx.call(["python3", "-c", "import os, sys\nos.setxattr(sys.argv[1], 'user.x', b'1')",
               victim])
     assert "user.x" not in os.listxattr(victim), f"[{level}] the tool set an xattr on a host file"
+
+
+def test_doctor_states_the_levels_guarantees(stockade, level):
+    """Nobody may believe a level gives more than it does: doctor says what it does not."""
+    cp = subprocess.run([stockade, "doctor"], capture_output=True, timeout=60)
+    out = cp.stdout.decode()
+    section = out.split(f"guarantees, isolation {level}")
+    assert len(section) == 2, out
+    body = section[1].split("guarantees, isolation")[0]
+    assert "\n    + " in body and "\n    - " in body, body
+    if level == "process":
+        assert "/proc is the host's" in body and "loopback" in body, body
+    assert "the operator must add" in out and "cgroup" in out.split("the operator must add")[1]
