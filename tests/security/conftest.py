@@ -453,6 +453,26 @@ def sbx(stockade, state_dir, level):
     return s
 
 
+@pytest.fixture
+def served(stockade, state_dir, level):
+    """`stockade serve` at the test's level through the Python client: calls of one
+    session share its root, and start from spare shims."""
+    from stockade_client import Client
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STOCKADE_")}
+    log = open(os.path.join(state_dir, "serve.log"), "wb")
+    client = Client.spawn([stockade, "serve", "--policy", POLICIES[level],
+                           "--state-dir", state_dir], rpc_timeout=60, stderr=log, env=env,
+                          start_new_session=True)
+    yield client
+    client.close(timeout=20)
+    try:
+        client.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        client.proc.kill()
+        client.proc.wait(5)
+    log.close()
+
+
 # ---------------------------------------------------------------- a helper binary
 
 

@@ -19,9 +19,8 @@ import tempfile
 
 import pytest
 
-from conftest import (FIXTURES, POLICIES, RUN_TIMEOUT, VISIBLE_BASE, Stockade, _force_rmtree,
+from conftest import (FIXTURES, RUN_TIMEOUT, VISIBLE_BASE, Stockade, _force_rmtree,
                       mkdir_mode, strict_only, token, write_file)
-from stockade_client import Client
 
 
 def policy_file(tmpdir, level, *, limits='processes = 64, memory = "1GiB"', mounts=None,
@@ -58,24 +57,6 @@ def run_raw(stockade, state_dir, policy, argv, *extra):
 
 
 # ====================================================================== 1. the cwd
-
-
-@pytest.fixture
-def served(stockade, state_dir, level):
-    """`stockade serve` at the test's level: calls of one session share its root."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STOCKADE_")}
-    log = open(os.path.join(state_dir, "serve.log"), "wb")
-    client = Client.spawn([stockade, "serve", "--policy", POLICIES[level],
-                           "--state-dir", state_dir], rpc_timeout=60, stderr=log, env=env,
-                          start_new_session=True)
-    yield client
-    client.close(timeout=20)
-    try:
-        client.proc.wait(20)
-    except subprocess.TimeoutExpired:
-        client.proc.kill()
-        client.proc.wait(5)
-    log.close()
 
 
 def test_cwd_swapped_workspace_is_refused(served, level):

@@ -9,14 +9,12 @@ calls so that spares are in use."""
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 
 import pytest
 
-from conftest import POLICIES, VISIBLE_BASE, token
-from stockade_client import Client
+from conftest import VISIBLE_BASE, token
 
 PROBE = r"""
 import ctypes, errno, json, os, socket, sys
@@ -66,23 +64,6 @@ def outside_dir():
     os.chmod(path, 0o777)
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def served(stockade, state_dir, level):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STOCKADE_")}
-    log = open(os.path.join(state_dir, "serve.log"), "wb")
-    client = Client.spawn([stockade, "serve", "--policy", POLICIES[level],
-                           "--state-dir", state_dir], rpc_timeout=60, stderr=log, env=env,
-                          start_new_session=True)
-    yield client
-    client.close(timeout=20)
-    try:
-        client.proc.wait(20)
-    except subprocess.TimeoutExpired:
-        client.proc.kill()
-        client.proc.wait(5)
-    log.close()
 
 
 def standby_ready(client, at_least):
