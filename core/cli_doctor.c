@@ -29,9 +29,14 @@ static const char *const process_root_gives[] = {
     "private files or signal each other; RLIMIT_NPROC per session",
     NULL,
 };
+static const char *const proc_private =
+    "/proc lists only the session's own processes (hidepid=2, in a mount namespace of the "
+    "call's own)";
+static const char *const proc_host =
+    "/proc is the host's: every process and its command line is listed (a private one "
+    "needs root and a mount namespace)";
 static const char *const process_lacks[] = {
     "reads: the tool reads whatever the host's file modes let its uid read",
-    "/proc is the host's: every process and its command line is listed",
     "utime(NULL) on a world-writable host file (Landlock has no right for timestamps)",
     "network \"loopback\" is refused at load: it would be the host's whole network",
     NULL,
@@ -72,12 +77,16 @@ static void print_list(const char *mark, const char *const *items)
         printf("    %s %s\n", mark, *i);
 }
 
-static void print_guarantees(bool root)
+static void print_guarantees(bool root, bool mountns)
 {
     printf("guarantees, isolation process%s:\n", root ? "" : " (not root)");
     print_list("+", process_gives);
     if (root)
         print_list("+", process_root_gives);
+    if (root && mountns)
+        printf("    + %s\n", proc_private);
+    else
+        printf("    - %s\n", proc_host);
     print_list("-", process_lacks);
     if (!root)
         print_list("-", process_nonroot_lacks);
@@ -127,6 +136,6 @@ int cli_doctor(int argc, char **argv)
     for (size_t i = 0; i < n; i++)
         printf("%s%s", i ? ", " : "", layers[i]);
     printf(")\n");
-    print_guarantees(c->root);
+    print_guarantees(c->root, c->available[LAYER_MOUNTNS]);
     return strict ? 0 : 1;
 }

@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/pidfd.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -406,6 +407,21 @@ static int shim_signal_tree(bool pid1, int sig)
 
 static bool shim_prepared;
 
+/* Process isolation as root: the tool's /proc lists only its own uid's processes (a
+ * procfs with hidepid=2 in a mount namespace of the shim's own, a slave of the host's so
+ * that host mounts still show): the host's and other sessions' processes and command
+ * lines are not the tool's to read. Best effort: where no mount namespace can be made
+ * (doctor reports mountns), /proc stays the host's. Under strict the world has its own. */
+static void shim_private_proc(void)
+{
+    if (getpid() == 1 || geteuid() != 0 || unshare(CLONE_NEWNS) < 0)
+        return;
+    /* never mount anything that could propagate back to the host */
+    if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
+        return;
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2");
+}
+
 void spawn_shim_prepare(bool dispositions_default)
 {
     if (dispositions_default) {
@@ -434,6 +450,8 @@ void spawn_shim_prepare(bool dispositions_default)
     for (size_t i = 0; i < ARRAY_LEN(limited); i++)
         if (getrlimit(limited[i], &inherited[limited[i]]) < 0)
             inherited[limited[i]] = (struct rlimit){RLIM_INFINITY, RLIM_INFINITY};
+    shim_private_proc();
+    shim_scrub_cmdline();
     shim_prepared = true;
 }
 
@@ -450,7 +468,6 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool 
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     setsid();
 
-    shim_scrub_cmdline();
     int rootfd = shim_open_root(req);
     int cwd_fd = shim_open_cwd(req, rootfd);
     if (cwd_fd < 0) {

@@ -302,6 +302,37 @@ def test_sys_class_net_hides_host_interfaces(sbx, level):
 # ====================================================================== the process level
 
 
+def test_proc_hides_host_command_lines(sbx, marker, level):
+    """A host process (ours, root) with a secret on its command line: the tool must not
+    list it in /proc, nor read its command line."""
+    m = marker()
+    proc = subprocess.Popen(["sleep", f"300.{m}"])
+    try:
+        r = sbx.sh(f'cat /proc/{proc.pid}/cmdline; echo; '
+                   'for f in /proc/[0-9]*/cmdline; do tr "\\0" " " < "$f"; echo; done')
+    finally:
+        proc.kill()
+        proc.wait(5)
+    assert r.json["class"] in ("OK", "TOOL_ERROR"), r
+    assert m not in r.out, f"[{level}] the tool read a host process's command line"
+
+
+def test_proc_hides_host_command_lines_through_spares(served, marker, level):
+    """The same through `serve`, whose calls start from spare shims made ahead."""
+    m = marker()
+    proc = subprocess.Popen(["sleep", f"300.{m}"])
+    try:
+        s = served.open_session()
+        for _ in range(3):
+            assert s.call("true").ok
+        r = s.call("sh", ["-c", f'cat /proc/{proc.pid}/cmdline; echo; '
+                          'for f in /proc/[0-9]*/cmdline; do tr "\\0" " " < "$f"; echo; done'])
+    finally:
+        proc.kill()
+        proc.wait(5)
+    assert m.encode() not in r.stdout, f"[{level}] the tool read a host process's command line"
+
+
 def test_pathname_unix_socket_to_host_daemon(sbx, cleanup, level):
     """network = "none": a host daemon's pathname socket (world-connectable, like a
     docker.sock with lax modes) must not be reachable."""
@@ -367,5 +398,5 @@ def test_doctor_states_the_levels_guarantees(stockade, level):
     body = section[1].split("guarantees, isolation")[0]
     assert "\n    + " in body and "\n    - " in body, body
     if level == "process":
-        assert "/proc is the host's" in body and "loopback" in body, body
+        assert "/proc" in body and "loopback" in body, body
     assert "the operator must add" in out and "cgroup" in out.split("the operator must add")[1]
