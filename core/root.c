@@ -277,7 +277,14 @@ int root_usage_at(int topfd, int64_t max_bytes, int64_t max_inodes, struct root_
             rc = -1;
             break;
         }
-        int c = openat(dirfd(cur), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        /* not into a mount point, even a bind of the same file system (a policy mount
+         * under strict): what is mounted there is not the session's */
+        struct open_how how = {.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC,
+                               .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+                                          RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV};
+        int c = (int)syscall(SYS_openat2, dirfd(cur), de->d_name, &how, sizeof how);
+        if (c < 0 && errno == ENOSYS)
+            c = openat(dirfd(cur), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         DIR *cd = c >= 0 ? fdopendir(c) : NULL;
         if (!cd) {
             if (c >= 0)

@@ -35,7 +35,7 @@ int root_open_walk(int dirfd, const char *rel, int flags, mode_t mode);
 int root_mkdirs_beneath(int dirfd, const char *rel, mode_t mode);
 
 /* What a session root holds, for limits.disk and limits.inodes: bytes allocated and
- * inodes, on the root's own file system (mount points inside are skipped), never
+ * inodes, on the root's own mount (mount points inside are skipped), never
  * following a symlink. The walk stops as soon as either cap is passed (0: no cap), so a
  * tool's tree costs at most the caps. 0, or -1 with errno (E2BIG: deeper than
  * ROOT_USAGE_MAX_DEPTH, which counts as over the caps). */

@@ -231,6 +231,22 @@ def test_inode_quota(sbx, state_dir, level):
     assert r.json["class"] == "RESOURCE_LIMIT", r
 
 
+@strict_only("policy mounts exist only in the strict world")
+def test_inode_quota_skips_policy_mounts(stockade, state_dir, cleanup, level):
+    """A read-only policy mount (a bind of the same file system) is not the session's:
+    its 3000 files do not count against inodes = 2000."""
+    src = mkdir_mode(VISIBLE_BASE, 0o755)
+    cleanup(src)
+    for i in range(3000):
+        open(os.path.join(src, f"f{i}"), "w").close()
+    pol = policy_file(state_dir, level,
+                      limits='processes = 64, memory = "1GiB", disk = "1GiB", inodes = 2000',
+                      mounts=f'{{ "{src}", "workspace/repo", ro = true }}')
+    r = Stockade(stockade, state_dir).call(
+        ["sh", "-c", 'ls "$AGENT_ROOT/workspace/repo" | wc -l; sleep 1; echo done'], policy=pol)
+    assert r.json["class"] == "OK" and "3000" in r.out and "done" in r.out, r
+
+
 # ====================================================================== 6. kept roots' uids
 
 
