@@ -83,8 +83,41 @@ static uid_t *kept_root_uids(const char *state_dir, const char *id, size_t *n)
     return uids;
 }
 
+/* A kept root elsewhere (another supervisor's state dir) is recorded next to its uid's
+ * lock: UID_LOCK_DIR/UID.kept holds the root's path, and the uid stays reserved while that
+ * root exists and is still the uid's (`self`: the root this session reopens). */
+static bool kept_elsewhere(uid_t u, const char *self)
+{
+    char *marker = xasprintf("%s/%u.kept", UID_LOCK_DIR, (unsigned)u);
+    int fd = open(marker, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    free(marker);
+    if (fd < 0)
+        return false;
+    char path[4096];
+    ssize_t n = read(fd, path, sizeof path - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    path[n] = 0;
+    struct stat st;
+    return strcmp(path, self) != 0 && lstat(path, &st) == 0 && S_ISDIR(st.st_mode) &&
+           st.st_uid == u;
+}
+
+static void kept_record(uid_t u, const char *root)
+{
+    char *marker = xasprintf("%s/%u.kept", UID_LOCK_DIR, (unsigned)u);
+    int fd = open(marker, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, root, strlen(root)) != (ssize_t)strlen(root))
+        LOG_W("uid %u: could not record its kept root %s: %s", (unsigned)u, root,
+              strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    free(marker);
+}
+
 static int uid_take(struct uid_range range, uid_t prefer, const uid_t *kept, size_t nkept,
-                    uid_t *uid)
+                    const char *self, uid_t *uid)
 {
     char *dir = xstrdup(UID_LOCK_DIR);
     if ((mkdir("/run/stockade", 0700) < 0 && errno != EEXIST) ||
@@ -106,7 +139,7 @@ static int uid_take(struct uid_range range, uid_t prefer, const uid_t *kept, siz
         bool reserved = false;
         for (size_t k = 0; k < nkept && !reserved; k++)
             reserved = kept[k] == u;
-        if (reserved)
+        if (reserved || kept_elsewhere(u, self))
             continue;
         char *path = xasprintf("%s/%u", dir, (unsigned)u);
         fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -151,11 +184,11 @@ struct session *session_open(const char *state_dir, const char *id, bool reuse,
         struct stat st;
         char *existing = xasprintf("%s/sessions/%s", state_dir, s->id);
         uid_t prefer = reuse && lstat(existing, &st) == 0 ? st.st_uid : 0;
-        free(existing);
         size_t nkept;
         uid_t *kept = kept_root_uids(state_dir, s->id, &nkept);
-        s->uid_lock_fd = uid_take(range, prefer, kept, nkept, &s->uid);
+        s->uid_lock_fd = uid_take(range, prefer, kept, nkept, existing, &s->uid);
         free(kept);
+        free(existing);
         if (s->uid_lock_fd < 0) {
             *err = xasprintf("no free service uid in %u-%u: %s", (unsigned)range.first,
                              (unsigned)(range.first + range.count - 1), strerror(errno));
@@ -233,6 +266,9 @@ int session_close(struct session *s)
         return 0;
     /* its processes first: nothing may still be writing while the root goes */
     session_isolation_end(s);
+    /* while it holds the uid's lock: no other session can have drawn the uid */
+    if (s->root && s->keep_root && s->drop_user && s->uid_lock_fd >= 0)
+        kept_record(s->uid, s->root);
     if (s->root && !s->keep_root && root_remove(s->state_dir, s->id) < 0) {
         LOG_E("session %s: could not remove all of %s: %s", s->id, s->root, strerror(errno));
         rc = -1;

@@ -250,11 +250,23 @@ def test_inode_quota_skips_policy_mounts(stockade, state_dir, cleanup, level):
 # ====================================================================== 6. kept roots' uids
 
 
-def test_kept_root_keeps_its_uid(stockade, state_dir, level):
-    """The uid range pinned to one uid: a kept root's uid must not be handed to a later,
-    unrelated session, which would then own the kept files."""
+@pytest.fixture
+def pinned_uid(cleanup):
+    """One uid of the service range for a test; the kept-root record stockade leaves for
+    it next to the uid locks is removed at teardown."""
     uid = 219000 + secrets.randbelow(900)
+    cleanup(f"/run/stockade/uids/{uid}.kept")
+    return uid
+
+
+@pytest.mark.parametrize("where", ["same state dir", "another state dir"])
+def test_kept_root_keeps_its_uid(stockade, state_dir, pinned_uid, level, where):
+    """The uid range pinned to one uid: a kept root's uid must not be handed to a later,
+    unrelated session (of this supervisor's state dir or another's), which would then own
+    the kept files."""
+    uid = pinned_uid
     rng = f"{uid}-{uid}"
+    other_state = state_dir if where == "same state dir" else os.path.join(state_dir, "other")
     pol = os.path.join(FIXTURES, f"sec_{level}.lua")
     tok = token()
     kept = "kept-" + secrets.token_hex(4)
@@ -264,7 +276,7 @@ def test_kept_root_keeps_its_uid(stockade, state_dir, level):
     assert d1 and d1["class"] == "OK", d1
     secret = os.path.join(d1["stdout"].strip(), "workspace", "secret")
     assert os.stat(secret).st_uid == uid
-    rc, d2, err = run_raw(stockade, state_dir, pol,
+    rc, d2, err = run_raw(stockade, other_state, pol,
                           ["sh", "-c", f'cat "{secret}"; id -u'], "--uid-range", rng)
     got = (d2 or {}).get("stdout", "")
     assert tok not in got, f"[{level}] a later session drew the kept root's uid and read it"
