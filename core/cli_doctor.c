@@ -67,7 +67,8 @@ static const char *const operator_adds[] = {
     "limits; stockade does not use one today",
     "a file system with project quotas, or a size-limited one, under the state dir for "
     "hard disk limits",
-    "root for the supervisor (per-session uids); a state dir outside /tmp and /var/tmp",
+    "root for the supervisor (per-session uids); a state dir outside /tmp and /var/tmp "
+    "(beneath one, strict gives that one as a 64 MiB tmpfs, not the session's tmp)",
     NULL,
 };
 

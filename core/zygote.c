@@ -4,6 +4,7 @@
  * same without namespaces, for process isolation. */
 #include "zygote.h"
 #include "proc.h"
+#include "root.h"
 #include "sandbox.h"
 #include "spawn.h"
 #include "util.h"
@@ -42,6 +43,7 @@ struct zyg_msg {
     uint32_t argc, envc, rwc;
     uint32_t drop_user, with_stdin, landlock, seccomp, net_closed;
     uint32_t uid, gid;
+    uint64_t cwd_dev, cwd_ino;  /* the workspace the session created (spawn.h) */
     struct spawn_limits limits;
     uint32_t len;           /* bytes of strings that follow */
 };
@@ -195,7 +197,7 @@ static void touch(const char *path)
 /* Of the host, a tool sees the programs and libraries it runs and /etc, nothing else (no
  * /srv, /opt, /home, /var, no checkout of anyone's). */
 static const char *const system_dirs[] = {"/usr", "/bin", "/sbin", "/lib", "/lib32",
-                                          "/lib64", "/libx32", "/etc", "/sys", "/proc"};
+                                          "/lib64", "/libx32", "/etc", "/proc"};
 static const char *const world_devs[] = {"null", "zero", "full", "random", "urandom", "tty"};
 
 /* What the world is built from: detached copies of host trees (open_tree fds), taken
@@ -251,11 +253,17 @@ static void world_take(const struct zygote_config *cfg, struct world_parts *w)
         zdie("clone the session root");
     if (set_attr(w->session, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false) < 0)
         zdie("session root attributes");
-    char tmp_path[4096];
-    snprintf(tmp_path, sizeof tmp_path, "%s/tmp", cfg->session_root);
-    w->session_tmp = clone_tree(tmp_path, false);
+    /* the session's tmp is the tool's to replace (a kept root): pinned beneath the root */
+    int root = open(cfg->session_root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int tmp = root >= 0 ? root_open_beneath(root, "tmp", O_PATH | O_DIRECTORY, 0) : -1;
+    w->session_tmp = tmp < 0 ? -1 : (int)syscall(SYS_open_tree, tmp, "", OPEN_TREE_CLONE |
+                                                 OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
     if (w->session_tmp < 0)
         zdie("clone the session tmp");
+    close(tmp);
+    close(root);
+    if (set_attr(w->session_tmp, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false) < 0)
+        zdie("session tmp attributes");
     for (size_t i = 0; i < ARRAY_LEN(world_devs); i++) {
         char p[32];
         snprintf(p, sizeof p, "/dev/%s", world_devs[i]);
@@ -293,21 +301,28 @@ static void world_assemble(const struct zygote_config *cfg, struct world_parts *
     }
     /* empty: the host's personal and runtime dirs do not exist here */
     static const char *const empties[] = {"/home", "/root", "/run", "/var", "/var/tmp",
-                                          "/tmp", "/dev", "/mnt"};
+                                          "/tmp", "/dev", "/mnt", "/sys"};
     for (size_t i = 0; i < ARRAY_LEN(empties); i++) {
         snprintf(path, sizeof path, NEWROOT "%s", empties[i]);
         mkdir(path, 0755);
     }
+    /* A sysfs of the world's own network namespace: the host's lists the host's
+     * interfaces. Where even that cannot be mounted, /sys stays empty. */
+    mount("sysfs", NEWROOT "/sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     /* /tmp and /var/tmp are the session's tmp. Where the state dir lies beneath one of
-     * them (tests, odd set-ups), that one stays an empty read-only dir holding just the
-     * path to the state dir. */
+     * them (tests, odd set-ups), the path to the session root must exist there: that one
+     * is a tmpfs of the world's own instead (writable, nosuid, nodev, bounded), which
+     * holds that path; the session root is attached on it below. */
     static const char *const tmps[] = {"/tmp", "/var/tmp"};
     for (size_t i = 0; i < ARRAY_LEN(tmps); i++) {
         size_t tl = strlen(tmps[i]);
-        if (strncmp(cfg->state_dir, tmps[i], tl) == 0 &&
-            (cfg->state_dir[tl] == '/' || cfg->state_dir[tl] == 0))
-            continue;
         snprintf(path, sizeof path, NEWROOT "%s", tmps[i]);
+        if (strncmp(cfg->state_dir, tmps[i], tl) == 0 &&
+            (cfg->state_dir[tl] == '/' || cfg->state_dir[tl] == 0)) {
+            if (mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m") < 0)
+                zdie(tmps[i]);
+            continue;
+        }
         /* a copy of the detached clone, so each place gets its own mount */
         int t = (int)syscall(SYS_open_tree, w->session_tmp, "",
                              OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
@@ -340,13 +355,21 @@ static void world_assemble(const struct zygote_config *cfg, struct world_parts *
     for (size_t i = 0; i < ARRAY_LEN(links); i++)
         if (symlink(links[i][0], links[i][1]) < 0)
             zdie(links[i][1]);
-    /* The policy's mounts, inside the session root. */
+    /* The policy's mounts, inside the session root: the root is the tool's (a kept root
+     * has had tools in it), so each destination is made and entered beneath it, never
+     * through a symlink a tool planted, and refused if it cannot be. */
+    snprintf(path, sizeof path, NEWROOT "%s", cfg->session_root);
+    int sroot = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sroot < 0)
+        zdie("open the session root");
     for (size_t i = 0; i < cfg->nmounts; i++) {
-        snprintf(path, sizeof path, NEWROOT "%s/%s", cfg->session_root, cfg->mounts[i].dest);
-        mkdirs(path, 0755);
-        if (attach(w->mounts[i], path) < 0)
+        int dest = root_mkdirs_beneath(sroot, cfg->mounts[i].dest, 0755);
+        if (dest < 0 || syscall(SYS_move_mount, w->mounts[i], "", dest, "",
+                                MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
             zdie(cfg->mounts[i].dest);
+        close(dest);
     }
+    close(sroot);
     free(w->mounts);
     w->mounts = NULL;
 }
@@ -440,6 +463,7 @@ static bool zyg_request_parse(char *msg, size_t n, struct zyg_request *r)
     r->req = (struct spawn_req){
         .landlock_fd = -1,
         .path = path, .argv = r->argv, .envp = r->envp, .cwd = cwd,
+        .cwd_dev = (dev_t)h.cwd_dev, .cwd_ino = (ino_t)h.cwd_ino,
         .drop_user = h.drop_user, .uid = h.uid, .gid = h.gid, .limits = h.limits,
         .with_stdin = h.with_stdin, .landlock = h.landlock, .seccomp = h.seccomp,
         .net_closed = h.net_closed, .session_root = root,
@@ -749,6 +773,7 @@ int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_chi
         .rwc = (uint32_t)strv_len((char *const *)req->rw_paths), .drop_user = req->drop_user,
         .with_stdin = req->with_stdin, .landlock = req->landlock, .seccomp = req->seccomp,
         .net_closed = req->net_closed, .uid = req->uid, .gid = req->gid, .limits = req->limits,
+        .cwd_dev = (uint64_t)req->cwd_dev, .cwd_ino = (uint64_t)req->cwd_ino,
     };
     buf_append(&b, &h, sizeof h);
     put_str(&b, req->path);

@@ -72,6 +72,18 @@ def test_cwd_swapped_workspace_is_refused(served, level):
     assert r2.class_ == "INTERNAL", (r2.class_, r2.message)
 
 
+def test_cwd_replaced_by_another_directory_is_refused(served, level):
+    """Not a symlink this time: workspace renamed away and a fresh directory put in its
+    place. Entering it would be harmless, but it is not the directory the session created,
+    and the supervisor says so rather than guessing."""
+    s = served.open_session()
+    tok = token()
+    r1 = s.call("sh", ["-c", 'cd "$AGENT_ROOT" && mv workspace w.old && mkdir workspace && echo ok'])
+    assert r1.ok, (r1.class_, r1.message, r1.stderr)
+    r2 = s.call("sh", ["-c", f"echo {tok}"])
+    assert tok.encode() not in r2.stdout and r2.class_ == "INTERNAL", (r2.class_, r2.message)
+
+
 def test_cwd_swap_reads_unreachable_dir(served, level, cleanup):
     """The real escape: the planted cwd is a 0755 dir below a 0700 root-owned dir, which
     the tool's uid cannot reach by path. Under process the target is on the host; under
@@ -119,9 +131,11 @@ def test_mount_dest_through_planted_symlink(stockade, state_dir, hostdirs, clean
     assert r1.json["class"] == "OK" and "planted" in r1.out, r1
     host_a = os.path.join(state_dir, "sessions", s, "workspace", "a")
     assert os.path.islink(host_a), "premise: the planted symlink is on the host"
-    sb.finish(sb.start(["sh", "-c", "echo run2"], policy=pol, session=s))
+    rc, d2, err = run_raw(stockade, state_dir, pol, ["sh", "-c", "echo run2"], "--session", s)
     assert not os.path.lexists(os.path.join(victim, "b")), \
         "the world build created a mount destination through the planted symlink"
+    # refused (the destination cannot be made beneath the root), never built elsewhere
+    assert d2 is None and "symbolic links" in err, (rc, d2, err)
 
 
 # ====================================================================== 3, 4. shared memory
