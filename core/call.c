@@ -732,8 +732,8 @@ static int call_spawn(struct call *c, int64_t depth)
         .with_stdin = c->req.stdin_len > 0,
         .landlock = true,
         .seccomp = true,
-        .net_closed = (session->net_closed ? SANDBOX_NET_CLOSED : 0) |
-                      (session->zygote ? 0 : SANDBOX_HOST_SHARED),
+        .walls = (session->net_closed ? SANDBOX_NET_CLOSED : 0) |
+                 (session->zygote ? 0 : SANDBOX_HOST_SHARED),
         .session_root = session->root,
         /* inside a zygote /tmp and /var/tmp are binds of the session's tmp, which
          * Landlock sees as paths of their own */

@@ -40,7 +40,7 @@ struct sandbox_fs {
     const char *const *rw_paths;    /* NULL-terminated, may be NULL */
 };
 
-/* Which walls of a tool's network and host-sharing to close (spawn_req.net_closed) */
+/* Which walls of a tool's network and host-sharing to close (spawn_req.walls) */
 #define SANDBOX_NET_CLOSED 1u   /* no TCP (Landlock), no AF_INET* sockets (seccomp) */
 #define SANDBOX_HOST_SHARED 2u  /* process isolation: the tool shares the host's IPC and
                                  * file system: no SysV IPC or POSIX queues, no xattr
@@ -54,7 +54,7 @@ int sandbox_apply_landlock(const struct sandbox_fs *fs, bool net_closed);
  * then, in the tool's process, restricting to it. -1 with errno (ENOSYS: no Landlock). */
 int sandbox_landlock_ruleset(const struct sandbox_fs *fs, bool net_closed);
 int sandbox_landlock_restrict(int ruleset);
-/* walls: spawn_req.net_closed (SANDBOX_NET_CLOSED, SANDBOX_HOST_SHARED) */
+/* walls: spawn_req.walls (SANDBOX_NET_CLOSED, SANDBOX_HOST_SHARED) */
 int sandbox_apply_seccomp(unsigned walls);
 /* In a spare shim, before its call: the part of the filter every tool gets, attached once
  * to the shim and so inherited by its tool (sandbox_apply_seccomp then adds only the

@@ -102,13 +102,13 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int cwd_fd, int err
     if (req->landlock) {
         struct sandbox_fs fs = {req->session_root, req->rw_paths};
         if ((req->landlock_fd >= 0 ? sandbox_landlock_restrict(req->landlock_fd)
-                                   : sandbox_apply_landlock(&fs, req->net_closed &
+                                   : sandbox_apply_landlock(&fs, req->walls &
                                                                   SANDBOX_NET_CLOSED)) < 0)
             tool_fail(errpipe, errno);
     }
     /* after Landlock: the filter refuses nothing Landlock needs, but keep walls in the
      * order they narrow */
-    if (req->seccomp && sandbox_apply_seccomp(req->net_closed) < 0)
+    if (req->seccomp && sandbox_apply_seccomp(req->walls) < 0)
         tool_fail(errpipe, errno);
     /* After the uid change, which clears it: the tool dies with its shim. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)

@@ -36,7 +36,7 @@ struct spawn_req {
     /* walls applied in the tool's process before exec (sandbox.h) */
     bool landlock;              /* writes only beneath session_root and rw_paths */
     bool seccomp;               /* the syscall filter */
-    unsigned net_closed;        /* SANDBOX_NET_CLOSED | SANDBOX_HOST_SHARED (sandbox.h) */
+    unsigned walls;             /* SANDBOX_NET_CLOSED | SANDBOX_HOST_SHARED (sandbox.h) */
     const char *session_root;
     const char *const *rw_paths;
     int landlock_fd;            /* the ruleset for the above, built already; -1: build it */

@@ -41,7 +41,7 @@
 struct zyg_msg {
     uint32_t magic;
     uint32_t argc, envc, rwc;
-    uint32_t drop_user, with_stdin, landlock, seccomp, net_closed;
+    uint32_t drop_user, with_stdin, landlock, seccomp, walls;
     uint32_t uid, gid;
     uint64_t cwd_dev, cwd_ino;  /* the workspace the session created (spawn.h) */
     struct spawn_limits limits;
@@ -466,7 +466,7 @@ static bool zyg_request_parse(char *msg, size_t n, struct zyg_request *r)
         .cwd_dev = (dev_t)h.cwd_dev, .cwd_ino = (ino_t)h.cwd_ino,
         .drop_user = h.drop_user, .uid = h.uid, .gid = h.gid, .limits = h.limits,
         .with_stdin = h.with_stdin, .landlock = h.landlock, .seccomp = h.seccomp,
-        .net_closed = h.net_closed, .session_root = root,
+        .walls = h.walls, .session_root = root,
         .rw_paths = (const char *const *)r->rw,
     };
     return true;
@@ -772,7 +772,7 @@ int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_chi
         .envc = (uint32_t)strv_len(req->envp),
         .rwc = (uint32_t)strv_len((char *const *)req->rw_paths), .drop_user = req->drop_user,
         .with_stdin = req->with_stdin, .landlock = req->landlock, .seccomp = req->seccomp,
-        .net_closed = req->net_closed, .uid = req->uid, .gid = req->gid, .limits = req->limits,
+        .walls = req->walls, .uid = req->uid, .gid = req->gid, .limits = req->limits,
         .cwd_dev = (uint64_t)req->cwd_dev, .cwd_ino = (uint64_t)req->cwd_ino,
     };
     buf_append(&b, &h, sizeof h);
