@@ -217,8 +217,7 @@ static int shim_open_root(const struct spawn_req *req)
 static int shim_open_cwd(const struct spawn_req *req, int rootfd)
 {
     size_t n = strlen(req->session_root);
-    if (rootfd < 0 || strncmp(req->cwd, req->session_root, n) != 0 ||
-        (req->cwd[n] != '/' && req->cwd[n])) {
+    if (strncmp(req->cwd, req->session_root, n) != 0 || (req->cwd[n] != '/' && req->cwd[n])) {
         errno = EXDEV;
         return -1;
     }
@@ -455,6 +454,28 @@ void spawn_shim_prepare(bool dispositions_default)
     shim_prepared = true;
 }
 
+/* A spare's shim asks its zygote for its successor once its tool runs, or once its call
+ * is over without one (else the pool would shrink by each call refused early). */
+static void shim_ask_successor(bool has_ready_fd)
+{
+    if (!has_ready_fd)
+        return;
+    ssize_t w = write(SHIM_READY_FD, "s", 1);
+    (void)w;
+    close(SHIM_READY_FD);
+}
+
+/* The call ends before its tool could start: the report says why. */
+static _Noreturn void shim_fail(struct shim_report *rep, enum shim_outcome outcome, int err,
+                                bool has_ready_fd)
+{
+    rep->outcome = outcome;
+    rep->err = err;
+    shim_report_write(rep);
+    shim_ask_successor(has_ready_fd);
+    _exit(0);
+}
+
 static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool has_ready_fd)
 {
     struct shim_report rep = {.magic = SHIM_REPORT_MAGIC};
@@ -469,28 +490,16 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool 
     setsid();
 
     int rootfd = shim_open_root(req);
-    int cwd_fd = shim_open_cwd(req, rootfd);
-    if (cwd_fd < 0) {
-        rep.outcome = SHIM_CWD_REFUSED;
-        rep.err = errno;
-        shim_report_write(&rep);
-        _exit(0);
-    }
+    int cwd_fd = rootfd >= 0 ? shim_open_cwd(req, rootfd) : -1;
+    if (cwd_fd < 0)
+        shim_fail(&rep, SHIM_CWD_REFUSED, errno, has_ready_fd);
     int errpipe[2];
-    if (pipe2(errpipe, O_CLOEXEC) < 0) {
-        rep.outcome = SHIM_FORK_FAILED;
-        rep.err = errno;
-        shim_report_write(&rep);
-        _exit(0);
-    }
+    if (pipe2(errpipe, O_CLOEXEC) < 0)
+        shim_fail(&rep, SHIM_FORK_FAILED, errno, has_ready_fd);
     pid_t tool = tool_spawn(req, cwd_fd, errpipe[1]);
     close(cwd_fd);
-    if (tool < 0) {
-        rep.outcome = SHIM_FORK_FAILED;
-        rep.err = errno;
-        shim_report_write(&rep);
-        _exit(0);
-    }
+    if (tool < 0)
+        shim_fail(&rep, SHIM_FORK_FAILED, errno, has_ready_fd);
     close(errpipe[1]);
     /* The tool's stdio ends stay only with the tool, so EOF means the tree is done. (The
      * shim writes nothing but its report.) */
@@ -502,14 +511,10 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool 
         n = read(errpipe[0], &err, sizeof err);
     while (n < 0 && errno == EINTR);
     close(errpipe[0]);
-    if (has_ready_fd) {
-        /* The tool runs (or could not be started): our zygote makes the next spare now,
-         * on the CPU the tool is not using (earlier, it would compete with this call's
-         * start; later, with its end). */
-        ssize_t w = write(SHIM_READY_FD, "s", 1);
-        (void)w;
-        close(SHIM_READY_FD);
-    }
+    /* The tool runs (or could not be started): our zygote makes the next spare now, on
+     * the CPU the tool is not using (earlier, it would compete with this call's start;
+     * later, with its end). */
+    shim_ask_successor(has_ready_fd);
 
     bool tool_done = false, killing = false;
     int tool_status = 0;

@@ -20,7 +20,8 @@ import tempfile
 import pytest
 
 from conftest import (FIXTURES, RUN_TIMEOUT, VISIBLE_BASE, Stockade, _force_rmtree,
-                      mkdir_mode, strict_only, token, write_file)
+                      descendants, mkdir_mode, proc_stat, strict_only, token, wait_until,
+                      write_file)
 
 
 def policy_file(tmpdir, level, *, limits='processes = 64, memory = "1GiB"', mounts=None,
@@ -82,6 +83,33 @@ def test_cwd_replaced_by_another_directory_is_refused(served, level):
     assert r1.ok, (r1.class_, r1.message, r1.stderr)
     r2 = s.call("sh", ["-c", f"echo {tok}"])
     assert tok.encode() not in r2.stdout and r2.class_ == "INTERNAL", (r2.class_, r2.message)
+
+
+def _parent(pid):
+    st = proc_stat(pid)
+    return st[1] if st else None       # gone meanwhile
+
+
+def _spares(server_pid):
+    """Live children of the server's children: the spare shims its zygotes keep."""
+    kids = [p for p in descendants(server_pid) if _parent(p) == server_pid]
+    return [p for k in kids for p in descendants(k) if _parent(p) == k]
+
+
+def test_refused_calls_do_not_drain_the_spares(served, level):
+    """A call refused before its tool starts (here: its workspace replaced) must still
+    let its zygote make the next spare, or a session could empty the server's pool."""
+    s = served.open_session()
+    for _ in range(3):
+        assert s.call("true").ok
+    assert wait_until(lambda: len(_spares(served.proc.pid)) >= 1, 10), "premise: spares"
+    before = len(_spares(served.proc.pid))
+    r1 = s.call("sh", ["-c", 'cd "$AGENT_ROOT" && mv workspace w.old && mkdir workspace'])
+    assert r1.ok, (r1.class_, r1.message)
+    for _ in range(6):
+        assert s.call("true").class_ == "INTERNAL"
+    assert wait_until(lambda: len(_spares(served.proc.pid)) >= before, 10), \
+        f"[{level}] spares {len(_spares(served.proc.pid))} after refused calls, {before} before"
 
 
 def test_cwd_swap_reads_unreachable_dir(served, level, cleanup):
