@@ -57,8 +57,8 @@ static const char *const strict_gives[] = {
 };
 static const char *const all_lack[] = {
     "hard tree-wide limits: memory, disk and inodes are watched (a tree may overshoot by "
-    "what it allocates in 50 ms, writes in 250 ms), CPU is per process (RLIMIT_CPU); "
-    "no I/O bandwidth limit",
+    "what it allocates in 50 ms, or writes between two walks of its root: 250 ms, longer "
+    "for a large root), CPU is per process (RLIMIT_CPU); no I/O bandwidth limit",
     "the kernel's own attack surface: syscalls outside the deny list are allowed",
     NULL,
 };
