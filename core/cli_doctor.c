@@ -42,8 +42,9 @@ static const char *const process_lacks[] = {
     NULL,
 };
 static const char *const process_nonroot_lacks[] = {
-    "not root: every session runs as the supervisor's uid: sessions read each other's "
-    "files (Landlock stops writes only), no per-session process cap",
+    "not root: every session runs as the supervisor's uid: Landlock keeps sessions' files "
+    "apart (reads handled too: the state dir's ancestors cannot be listed), but there is "
+    "no per-session process cap",
     NULL,
 };
 static const char *const strict_gives[] = {

@@ -38,6 +38,11 @@ bool sandbox_network_allowed(const char *level, const char *network, char **why)
 struct sandbox_fs {
     const char *session_root;
     const char *const *rw_paths;    /* NULL-terminated, may be NULL */
+    /* Where every session runs as one uid (a supervisor that is not root), file modes
+     * cannot keep sessions apart: reads are then handled too, and allowed everywhere but
+     * beneath private_dir (the state dir), where only the session root is. NULL: reads
+     * stay as the mount tree and file modes make them. */
+    const char *private_dir;
 };
 
 /* Which walls of a tool's network and host-sharing to close (spawn_req.walls) */

@@ -3,8 +3,10 @@
 #include "sandbox.h"
 #include "util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/landlock.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -200,6 +202,70 @@ static int ll_add_path(int ruleset, const char *path, __u64 access)
     return rc;
 }
 
+/* A rule for `name` in `dir` itself, never through a symlink (one planted in a
+ * world-writable dir on the way could point into the private dir). */
+static int ll_add_at(int ruleset, int dir, const char *name, __u64 access)
+{
+    int fd = openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -1;
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st) == 0 && !S_ISLNK(st.st_mode)) {
+        struct landlock_path_beneath_attr pb = {.allowed_access = access, .parent_fd = fd};
+        if (!S_ISDIR(st.st_mode))
+            pb.allowed_access &= LANDLOCK_ACCESS_FS_READ_FILE;
+        rc = (int)syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &pb, 0);
+    }
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+/* Landlock only allows, so "everywhere but beneath private_dir" is a rule for every
+ * sibling of each directory on the way down to it. (Those ancestors themselves cannot be
+ * listed, and what appears in them later cannot be read: the price of one uid.) */
+static int ll_allow_reads_outside(int ruleset, const char *private_dir, __u64 read)
+{
+    char *real = realpath(private_dir, NULL);
+    if (!real)
+        return -1;
+    int dir = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = dir < 0 ? -1 : 0;
+    for (char *c = real + 1, *next; rc == 0 && *c; c = next) {
+        next = strchr(c, '/');
+        if (next)
+            *next++ = 0;
+        else
+            next = c + strlen(c);
+        int dup_fd = dup(dir);
+        DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+        if (!d) {
+            if (dup_fd >= 0)
+                close(dup_fd);
+            rc = -1;
+            break;
+        }
+        struct dirent *de;
+        while (rc == 0 && (de = readdir(d)))
+            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && strcmp(de->d_name, c))
+                rc = ll_add_at(ruleset, dir, de->d_name, read);
+        closedir(d);
+        int below = rc == 0 ? openat(dir, c, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : -1;
+        close(dir);
+        dir = below;
+        if (rc == 0 && dir < 0)
+            rc = -1;
+    }
+    int e = errno;
+    if (dir >= 0)
+        close(dir);
+    free(real);
+    errno = e;
+    return rc;
+}
+
 int sandbox_landlock_ruleset(const struct sandbox_fs *fs, bool net_closed)
 {
     int abi = sandbox_caps()->landlock_abi;
@@ -218,7 +284,8 @@ int sandbox_landlock_ruleset(const struct sandbox_fs *fs, bool net_closed)
         write |= LANDLOCK_ACCESS_FS_REFER;
     if (abi >= 3)
         write |= LANDLOCK_ACCESS_FS_TRUNCATE;
-    struct ll_ruleset_attr attr = {.handled_access_fs = write};
+    __u64 read = fs->private_dir ? LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR : 0;
+    struct ll_ruleset_attr attr = {.handled_access_fs = write | read};
     size_t attr_size = sizeof attr.handled_access_fs;
     if (abi >= 4) {
         if (net_closed)
@@ -235,13 +302,15 @@ int sandbox_landlock_ruleset(const struct sandbox_fs *fs, bool net_closed)
     if (rs < 0)
         return -1;
     __u64 file_write = LANDLOCK_ACCESS_FS_WRITE_FILE | (abi >= 3 ? LANDLOCK_ACCESS_FS_TRUNCATE : 0);
-    int rc = ll_add_path(rs, fs->session_root, write);
+    int rc = ll_add_path(rs, fs->session_root, write | read);
     for (const char *const *p = fs->rw_paths; rc == 0 && p && *p; p++)
-        rc = ll_add_path(rs, *p, write);
+        rc = ll_add_path(rs, *p, write | read);
     /* the character devices a tool legitimately writes to */
     static const char *const devs[] = {"/dev/null", "/dev/zero", "/dev/full", "/dev/tty", NULL};
     for (const char *const *d = devs; rc == 0 && *d; d++)
-        rc = ll_add_path(rs, *d, file_write);
+        rc = ll_add_path(rs, *d, file_write | (read & LANDLOCK_ACCESS_FS_READ_FILE));
+    if (rc == 0 && fs->private_dir)
+        rc = ll_allow_reads_outside(rs, fs->private_dir, read);
     if (rc == 0)
         return rs;
     int e = errno;

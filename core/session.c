@@ -244,8 +244,14 @@ bool session_isolate(struct session *s, const struct policy *p, struct zygote *s
     /* Built once, here: each tool only restricts itself to it. (In a zygote's world the
      * tool builds its own: the paths there are the world's.) */
     if (sandbox_caps()->landlock_abi > 0) {
-        struct sandbox_fs fs = {s->root, NULL};
+        /* one uid for every session without root: the walls keep their files apart */
+        struct sandbox_fs fs = {s->root, NULL, s->drop_user ? NULL : s->state_dir};
         s->landlock_fd = sandbox_landlock_ruleset(&fs, s->net_closed);
+        /* not a tool's own ruleset instead: that one would not keep sessions apart */
+        if (s->landlock_fd < 0) {
+            *err = xasprintf("session %s: its Landlock ruleset: %s", s->id, strerror(errno));
+            return false;
+        }
     }
     s->spawner = spawner;
     return true;

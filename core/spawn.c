@@ -100,7 +100,7 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int cwd_fd, int err
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         tool_fail(errpipe, errno);
     if (req->landlock) {
-        struct sandbox_fs fs = {req->session_root, req->rw_paths};
+        struct sandbox_fs fs = {req->session_root, req->rw_paths, NULL};
         if ((req->landlock_fd >= 0 ? sandbox_landlock_restrict(req->landlock_fd)
                                    : sandbox_apply_landlock(&fs, req->walls &
                                                                   SANDBOX_NET_CLOSED)) < 0)

@@ -19,9 +19,9 @@ import tempfile
 
 import pytest
 
-from conftest import (FIXTURES, RUN_TIMEOUT, VISIBLE_BASE, Stockade, _force_rmtree,
-                      descendants, mkdir_mode, proc_stat, strict_only, token, wait_until,
-                      write_file)
+from conftest import (FIXTURES, NOBODY, RUN_TIMEOUT, VISIBLE_BASE, Stockade, _force_rmtree,
+                      descendants, mkdir_mode, proc_stat, read_bytes, strict_only, token,
+                      wait_until, write_file)
 
 
 def policy_file(tmpdir, level, *, limits='processes = 64, memory = "1GiB"', mounts=None,
@@ -470,3 +470,37 @@ def test_doctor_states_the_levels_guarantees(stockade, level):
     if level == "process":
         assert "/proc" in body and "loopback" in body, body
     assert "the operator must add" in out and "cgroup" in out.split("the operator must add")[1]
+
+
+@pytest.mark.parametrize("level", ["process", pytest.param("strict", marks=pytest.mark.skip(
+    reason="strict: another session's root is not in the world at all (test_read_other_session)"))])
+def test_non_root_sessions_cannot_read_each_other(stockade, cleanup, level):
+    """A supervisor that is not root runs every session as its own uid: file modes cannot
+    keep sessions apart, so the walls must. Session A reads B's 0600 file by path."""
+    base = mkdir_mode("/var/tmp", 0o755)
+    cleanup(base)
+    os.chown(base, NOBODY, NOBODY)
+    state = os.path.join(base, "state")
+    tok = token()
+
+    def run(*args):
+        cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+               "env", "-i", "PATH=/usr/bin:/bin", stockade, "run", "--state-dir", state,
+               "--policy", os.path.join(FIXTURES, f"sec_{level}.lua"), "--json", *args]
+        cp = subprocess.run(cmd, capture_output=True, timeout=RUN_TIMEOUT,
+                            stdin=subprocess.DEVNULL)
+        print(f"RUN {args!r:.200} rc={cp.returncode} {cp.stdout[:800]!r} {cp.stderr[-400:]!r}")
+        return json.loads(cp.stdout.decode()) if cp.stdout.strip() else {}
+    b = run("--session", "victim", "--", "sh", "-c",
+            f'umask 077; echo {tok} > "$AGENT_ROOT/workspace/secret"; echo ok')
+    assert b.get("class") == "OK", b
+    secret = os.path.join(state, "sessions", "victim", "workspace", "secret")
+    assert read_bytes(secret).decode().strip() == tok
+    a = run("--", "sh", "-c", f'cat "{secret}"; ls "{state}/sessions/victim/workspace"; '
+            f'cat "$AGENT_ROOT/../victim/workspace/secret"; echo end')
+    assert a.get("class") in ("OK", "TOOL_ERROR"), a
+    assert tok not in a.get("stdout", ""), "session A read session B's private file"
+    # its own files it still reads and writes
+    own = run("--", "sh", "-c", 'echo mine > "$AGENT_ROOT/workspace/f" && '
+              'cat "$AGENT_ROOT/workspace/f" /etc/hostname >/dev/null && echo fine')
+    assert own.get("class") == "OK" and "fine" in own.get("stdout", ""), own
