@@ -348,10 +348,12 @@ static int64_t shared_kb(const pid_t *pids, size_t n, bool pid1)
 
 /* Memory of the call's processes together: everyone in the pid namespace when we are its
  * init, else the tree below us (through the children lists, not a scan of every process
- * on the host). Each process's resident pages less its shared ones (file pages, which
- * the kernel may drop, and shared memory, which would count once per process mapping
- * it), plus the shared memory itself, once: memfds and SysV segments (shared_kb, which
- * costs a walk of every fd: refreshed only when `refresh_shared`, else *shared reused). */
+ * on the host). Each process's resident pages (shared mappings included: statm cannot
+ * tell a shared anonymous mapping from a file page, and leaving shmem out would let a
+ * tree hold any amount of it), plus shared memory no process need map: memfds and SysV
+ * segments (shared_kb, which costs a walk of every fd: refreshed only when
+ * `refresh_shared`, else *shared reused). What is both mapped and held counts twice:
+ * over, never under. */
 static int64_t tree_rss_kb(bool pid1, bool refresh_shared, int64_t *shared)
 {
     enum { MAX_PIDS = 4096 };
@@ -382,9 +384,9 @@ static int64_t tree_rss_kb(bool pid1, bool refresh_shared, int64_t *shared)
         if (r <= 0)
             continue;
         buf[r] = 0;
-        long size = 0, resident = 0, shared_pages = 0;
-        if (sscanf(buf, "%ld %ld %ld", &size, &resident, &shared_pages) == 3)
-            total += (resident - shared_pages) * page_kb;
+        long size = 0, resident = 0;
+        if (sscanf(buf, "%ld %ld", &size, &resident) == 2)
+            total += resident * page_kb;
     }
     if (refresh_shared)
         *shared = shared_kb(pids, n, pid1);

@@ -248,6 +248,29 @@ def test_memfd_counted_in_memory(sbx, state_dir, level):
     assert r.json["class"] == "RESOURCE_LIMIT", r
 
 
+SHARED_ANON_ATTACK = r"""
+import mmap, os, sys, time
+for i in range(4):
+    if os.fork() == 0:
+        m = mmap.mmap(-1, 80 << 20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+        for off in range(0, 80 << 20, 4096):
+            m[off] = 1
+        time.sleep(4)
+        os._exit(0)
+time.sleep(3)
+print("survived", flush=True)
+"""
+
+
+def test_shared_anonymous_memory_counted(sbx, state_dir, level):
+    """Shared anonymous mappings are shmem, not anonymous pages: four processes holding
+    80 MiB each under memory = 256MiB."""
+    pol = policy_file(state_dir, level, limits='processes = 64, memory = "256MiB"')
+    r = sbx.call(["python3", "-c", SHARED_ANON_ATTACK], policy=pol)
+    assert "survived" not in r.out, f"[{level}] 320 MiB of shared anonymous memory under 256"
+    assert r.json["class"] == "RESOURCE_LIMIT", r
+
+
 # ====================================================================== 5. disk and inodes
 
 
