@@ -1,0 +1,69 @@
+#ifndef STOCKADE_RECORD_H
+#define STOCKADE_RECORD_H
+/* Durable session records: STATE_DIR/records/ID, one small text file per session, beside
+ * (never inside) its root, so that a restarted server, an upgraded one, or an operator's
+ * `stockade sessions` knows whose each root is, and until when. The records dir is the
+ * supervisor's (0700): no tool can write a record or plant a name in it.
+ *
+ * A record is written before its root is created and removed only after the root is
+ * gone, so a crash at any instant leaves either both, or a record alone (never a root
+ * alone). Writes are atomic: a temp made with mkostemp in the records dir, fsync,
+ * rename, fsync of the dir.
+ *
+ * The state dir's lock (STATE_DIR/lock, flock) says which process owns the records: a
+ * server holds it exclusively for its life; `stockade sessions rm|gc` hold it while they
+ * remove. Pure file-system code: no loop. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+enum record_owner { RECORD_SERVE, RECORD_RUN };
+enum record_state { RECORD_OPEN, RECORD_CLOSING };
+
+struct session_record {
+    char id[65];
+    enum record_owner owner;    /* serve: a server's session; run: `stockade run`'s */
+    enum record_state state;    /* closing: its root is being removed */
+    bool kept;                  /* `stockade run --session ID`: never expires */
+    bool service_uid;           /* uid is a service uid held under /run/stockade/uids */
+    uid_t uid;
+    uid_t client_uid;           /* serve: the peer that opened it (who may reattach) */
+    pid_t pid;                  /* run: the process that made it */
+    char isolation[16];
+    char policy_sha256[65];
+    int64_t created_ms;         /* wall clock */
+    int64_t ttl_ms;
+    int64_t lease_at_ms;        /* wall clock: no later than this, unless renewed */
+    int64_t fuse_at_ms;         /* wall clock: never later than this */
+    char **labels;              /* the client's: key, value, ..., NULL; or NULL */
+};
+
+/* Write r as STATE_DIR/records/ID. create: fail with EEXIST when a record is there
+ * already (a session id is never taken over). 0, or -1 with errno (ENOSPC, EMFILE...). */
+int record_write(const char *state_dir, const struct session_record *r, bool create);
+/* Read STATE_DIR/records/ID. 0, or -1 with errno (ENOENT; EINVAL: not a record). */
+int record_read(const char *state_dir, const char *id, struct session_record *r);
+/* 0 when gone (or never there), -1 with errno. */
+int record_remove(const char *state_dir, const char *id);
+/* Free what r holds (not r). */
+void record_clear(struct session_record *r);
+/* A copy of a labels list (key, value, ..., NULL), or NULL for NULL. */
+char **record_labels_copy(char *const *labels);
+/* The ids of the records, and of the roots, in STATE_DIR (malloc'd, NULL-terminated,
+ * sorted). NULL with errno when the dir cannot be read (a missing dir is an empty list). */
+char **record_ids(const char *state_dir);
+char **record_root_ids(const char *state_dir);
+/* True when the record's lease or fuse has run out at wall time now, or it was being
+ * closed; a run's when its process is gone; a kept one never. */
+bool record_expired(const struct session_record *r, int64_t now);
+/* The record as one JSON object, for `stockade sessions --json`. */
+struct buf;
+void record_json(struct buf *b, const struct session_record *r);
+
+/* Take STATE_DIR/lock exclusively without waiting: the fd (keep it open to keep the lock),
+ * or -1 and *err (one line; names the holder's pid when another process has it). */
+int record_lock_state_dir(const char *state_dir, char **err);
+/* The pid of a process holding STATE_DIR's lock, 0 when none, -1 when it cannot tell. */
+pid_t record_state_dir_owner(const char *state_dir);
+
+#endif
