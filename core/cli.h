@@ -9,6 +9,7 @@ int cli_mcp(int argc, char **argv);
 int cli_test(int argc, char **argv);
 int cli_doctor(int argc, char **argv);
 int cli_soak(int argc, char **argv);
+int cli_sessions(int argc, char **argv);
 int cli_gate(const char *command, int argc, char **argv);
 
 /* Options `serve` and `mcp` share (core/cli_serve.c): each dies on a malformed value. */

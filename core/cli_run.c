@@ -6,6 +6,7 @@
 #include "proc.h"
 #include "root.h"
 #include "sandbox.h"
+#include "record.h"
 #include "session.h"
 
 #include <errno.h>
@@ -179,7 +180,16 @@ int cli_run(int argc, char **argv)
             policy->isolation, why);
     if (!sandbox_network_allowed(policy->isolation, policy->network, &why))
         die("policy %s: %s", policy_path, why);
-    struct session *session = session_open(state_dir, session_id, session_id != NULL, uids, &err);
+    /* recorded, so that `stockade sessions` and a server on the same state dir know the
+     * root is this run's (kept: the next run's) */
+    struct session_record rec = {
+        .owner = RECORD_RUN, .kept = session_id != NULL, .pid = getpid(),
+        .created_ms = wall_ms(),
+    };
+    snprintf(rec.isolation, sizeof rec.isolation, "%s", policy->isolation);
+    snprintf(rec.policy_sha256, sizeof rec.policy_sha256, "%s", policy->sha256);
+    struct session *session = session_open_recorded(state_dir, session_id, session_id != NULL,
+                                                    uids, &rec, &err);
     if (!session)
         die("%s", err);
     session->keep_root = session_id != NULL;

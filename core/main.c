@@ -20,6 +20,7 @@ static const char usage[] =
     "  diff OLD NEW [--json] [--fail-on-widen]   CI gate: what a policy change widens\n"
     "  dry-run [POLICY]                 CI gate: run each tool's probe, prove no write outside\n"
     "  budget [POLICY] [--json]         CI gate: the timeout budget table\n"
+    "  sessions list|show ID|rm ID|gc   a state dir's sessions, with or without a server\n"
     "  doctor                           which isolation layers this host can give, and why not\n"
     "  soak [--duration 1h] [...]       drive a real serve at 2x concurrency, fail on leaks\n"
     "  version                          print the version\n"
@@ -49,6 +50,8 @@ int main(int argc, char **argv)
         return cli_test(argc - 1, argv + 1);
     if (strcmp(cmd, "doctor") == 0)
         return cli_doctor(argc - 1, argv + 1);
+    if (strcmp(cmd, "sessions") == 0)
+        return cli_sessions(argc - 1, argv + 1);
     if (strcmp(cmd, "soak") == 0)
         return cli_soak(argc - 1, argv + 1);
     if (!strcmp(cmd, "check") || !strcmp(cmd, "diff") || !strcmp(cmd, "dry-run") ||

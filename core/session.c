@@ -1,5 +1,6 @@
 #include "session.h"
 #include "policy.h"
+#include "record.h"
 #include "root.h"
 #include "sandbox.h"
 #include "zygote.h"
@@ -116,12 +117,35 @@ static void kept_record(uid_t u, const char *root)
     free(marker);
 }
 
+static int uid_lock_dir_make(void)
+{
+    if ((mkdir("/run/stockade", 0700) < 0 && errno != EEXIST) ||
+        (mkdir(UID_LOCK_DIR, 0700) < 0 && errno != EEXIST))
+        return -1;
+    return 0;
+}
+
+/* Exactly uid u: its lock fd, or -1 (errno EBUSY when another session holds it). */
+static int uid_take_exact(uid_t u)
+{
+    if (uid_lock_dir_make() < 0)
+        return -1;
+    char *path = xasprintf("%s/%u", UID_LOCK_DIR, (unsigned)u);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    free(path);
+    if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        int saved = errno;
+        close_quietly(&fd);
+        errno = saved == EWOULDBLOCK ? EBUSY : saved;
+    }
+    return fd;
+}
+
 static int uid_take(struct uid_range range, uid_t prefer, const uid_t *kept, size_t nkept,
                     const char *self, uid_t *uid)
 {
     char *dir = xstrdup(UID_LOCK_DIR);
-    if ((mkdir("/run/stockade", 0700) < 0 && errno != EEXIST) ||
-        (mkdir(dir, 0700) < 0 && errno != EEXIST)) {
+    if (uid_lock_dir_make() < 0) {
         free(dir);
         return -1;
     }
@@ -161,6 +185,75 @@ static int uid_take(struct uid_range range, uid_t prefer, const uid_t *kept, siz
 struct session *session_open(const char *state_dir, const char *id, bool reuse,
                              struct uid_range range, char **err)
 {
+    return session_open_recorded(state_dir, id, reuse, range, NULL, err);
+}
+
+/* What the tool's cwd must be, call after call (spawn.h): the workspace as the session
+ * created (or reopened) it. False and *err when it cannot be opened beneath the root. */
+static bool session_workspace_pin(struct session *s, char **err)
+{
+    int rootfd = open(s->root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int ws = rootfd >= 0 ? root_open_beneath(rootfd, "workspace", O_RDONLY | O_DIRECTORY, 0) : -1;
+    struct stat st;
+    bool pinned = ws >= 0 && fstat(ws, &st) == 0;
+    if (pinned) {
+        s->workspace_dev = st.st_dev;
+        s->workspace_ino = st.st_ino;
+    }
+    int e = errno;
+    close_quietly(&ws);
+    close_quietly(&rootfd);
+    if (!pinned) {
+        *err = xasprintf("session root for %s: workspace: %s", s->id, strerror(e));
+        errno = e;
+    }
+    return pinned;
+}
+
+/* Write the new session's record before its root exists: false and *err otherwise. */
+static bool session_record_create(struct session *s, bool reuse,
+                                  const struct session_record *rec, char **err)
+{
+    struct session_record *r = xcalloc(1, sizeof *r);
+    *r = *rec;
+    r->labels = record_labels_copy(rec->labels);
+    snprintf(r->id, sizeof r->id, "%s", s->id);
+    r->uid = s->uid;
+    r->service_uid = s->drop_user;
+    r->state = RECORD_OPEN;
+    if (reuse) {
+        struct session_record old;
+        if (record_read(s->state_dir, s->id, &old) == 0) {
+            bool theirs = old.owner != rec->owner;
+            record_clear(&old);
+            if (theirs) {
+                *err = xasprintf("session %s belongs to a server", s->id);
+                record_clear(r);
+                free(r);
+                errno = EBUSY;
+                return false;
+            }
+        }
+    }
+    if (record_write(s->state_dir, r, !reuse) < 0) {
+        int saved = errno;
+        *err = saved == EEXIST ? xasprintf("session %s already exists", s->id)
+                               : xasprintf("session record for %s in %s: %s", s->id,
+                                           s->state_dir, strerror(saved));
+        record_clear(r);
+        free(r);
+        errno = saved;
+        return false;
+    }
+    s->record = r;
+    return true;
+}
+
+struct session *session_open_recorded(const char *state_dir, const char *id, bool reuse,
+                                      struct uid_range range, const struct session_record *rec,
+                                      char **err)
+{
+    bool record_ours = false;
     struct session *s = xcalloc(1, sizeof *s);
     s->uid_lock_fd = -1;
     s->landlock_fd = -1;
@@ -190,14 +283,23 @@ struct session *session_open(const char *state_dir, const char *id, bool reuse,
         free(kept);
         free(existing);
         if (s->uid_lock_fd < 0) {
-            *err = xasprintf("no free service uid in %u-%u: %s", (unsigned)range.first,
-                             (unsigned)(range.first + range.count - 1), strerror(errno));
+            /* out of descriptors is not out of uids: say which, the caller maps errno */
+            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM)
+                *err = xasprintf("cannot take a service uid now: %s", strerror(errno));
+            else
+                *err = xasprintf("no free service uid in %u-%u: %s", (unsigned)range.first,
+                                 (unsigned)(range.first + range.count - 1), strerror(errno));
             goto fail;
         }
         s->gid = (gid_t)s->uid;
     } else {
         s->uid = getuid();
         s->gid = getgid();
+    }
+    if (rec) {
+        if (!session_record_create(s, reuse, rec, err))
+            goto fail;
+        record_ours = !reuse;
     }
     s->root = root_create(state_dir, s->id, s->uid, s->gid, reuse);
     if (!s->root) {
@@ -206,27 +308,84 @@ struct session *session_open(const char *state_dir, const char *id, bool reuse,
                                            strerror(errno));
         goto fail;
     }
-    /* what the tool's cwd must be, call after call (spawn.h) */
-    int rootfd = open(s->root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    int ws = rootfd >= 0 ? root_open_beneath(rootfd, "workspace", O_RDONLY | O_DIRECTORY, 0) : -1;
-    struct stat st;
-    bool pinned = ws >= 0 && fstat(ws, &st) == 0;
-    if (pinned) {
-        s->workspace_dev = st.st_dev;
-        s->workspace_ino = st.st_ino;
-    }
-    int e = errno;
-    close_quietly(&ws);
-    close_quietly(&rootfd);
-    if (!pinned) {
-        *err = xasprintf("session root for %s: workspace: %s", s->id, strerror(e));
+    if (!session_workspace_pin(s, err))
         goto fail;
-    }
     return s;
-fail:
+fail:;
+    int saved = errno;
+    /* a record this call wrote goes; an existing root (someone else's) stays */
+    if (record_ours && record_remove(state_dir, s->id) < 0)
+        LOG_W("session %s: its record stays: %s", s->id, strerror(errno));
+    if (s->record) {
+        record_clear(s->record);
+        free(s->record);
+        s->record = NULL;
+    }
     s->keep_root = true;
     session_close(s);
+    errno = saved;
     return NULL;
+}
+
+struct session *session_adopt(const char *state_dir, const struct session_record *rec,
+                              char **err)
+{
+    struct session *s = xcalloc(1, sizeof *s);
+    s->uid_lock_fd = -1;
+    s->landlock_fd = -1;
+    s->id = xstrdup(rec->id);
+    s->state_dir = xstrdup(state_dir);
+    s->keep_root = true;        /* until adopted: a failure here removes nothing */
+    s->drop_user = rec->service_uid && geteuid() == 0;
+    if (s->drop_user) {
+        s->uid_lock_fd = uid_take_exact(rec->uid);
+        if (s->uid_lock_fd < 0) {
+            *err = xasprintf("session %s: its uid %u: %s", rec->id, (unsigned)rec->uid,
+                             errno == EBUSY ? "held by another session" : strerror(errno));
+            goto fail;
+        }
+        s->uid = rec->uid;
+        s->gid = (gid_t)rec->uid;
+    } else {
+        s->uid = getuid();
+        s->gid = getgid();
+    }
+    char *path = xasprintf("%s/sessions/%s", state_dir, rec->id);
+    struct stat st;
+    if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode)) {
+        *err = xasprintf("session %s: no root at %s", rec->id, path);
+        free(path);
+        errno = ENOENT;
+        goto fail;
+    }
+    free(path);
+    /* reuse: the dirs are checked (recreated if a tool removed one), never followed */
+    s->root = root_create(state_dir, s->id, s->uid, s->gid, true);
+    if (!s->root) {
+        *err = xasprintf("session %s: its root: %s", rec->id, strerror(errno));
+        goto fail;
+    }
+    if (!session_workspace_pin(s, err))
+        goto fail;
+    s->record = xcalloc(1, sizeof *s->record);
+    *s->record = *rec;
+    s->record->labels = record_labels_copy(rec->labels);
+    s->keep_root = false;
+    return s;
+fail:;
+    int saved = errno;
+    session_close(s);
+    errno = saved;
+    return NULL;
+}
+
+int session_uid_lock(uid_t u) { return uid_take_exact(u); }
+
+int session_record_save(struct session *s)
+{
+    if (!s->record)
+        return 0;
+    return record_write(s->state_dir, s->record, false);
 }
 
 bool session_isolate(struct session *s, const struct policy *p, struct zygote *spawner,
@@ -257,6 +416,13 @@ bool session_isolate(struct session *s, const struct policy *p, struct zygote *s
     return true;
 }
 
+struct zygote *session_zygote_take(struct session *s)
+{
+    struct zygote *z = s->zygote;
+    s->zygote = NULL;
+    return z;
+}
+
 static void session_isolation_end(struct session *s)
 {
     zygote_stop(s->zygote);
@@ -275,9 +441,23 @@ int session_close(struct session *s)
     /* while it holds the uid's lock: no other session can have drawn the uid */
     if (s->root && s->keep_root && s->drop_user && s->uid_lock_fd >= 0)
         kept_record(s->uid, s->root);
-    if (s->root && !s->keep_root && root_remove(s->state_dir, s->id) < 0) {
+    bool removing = s->root && !s->keep_root;
+    if (removing && s->record) {
+        /* a crash from here on leaves a record that says "remove me" */
+        s->record->state = RECORD_CLOSING;
+        if (session_record_save(s) < 0)
+            LOG_W("session %s: record: %s", s->id, strerror(errno));
+    }
+    if (removing && root_remove(s->state_dir, s->id) < 0) {
         LOG_E("session %s: could not remove all of %s: %s", s->id, s->root, strerror(errno));
         rc = -1;
+    }
+    /* the record goes only with the root: a root is never left without one */
+    if (removing && rc == 0 && s->record && record_remove(s->state_dir, s->id) < 0)
+        LOG_W("session %s: record: %s", s->id, strerror(errno));
+    if (s->record) {
+        record_clear(s->record);
+        free(s->record);
     }
     close_quietly(&s->uid_lock_fd);
     free(s->id);

@@ -10,6 +10,7 @@
 
 struct policy;
 struct zygote;
+struct session_record;
 
 struct uid_range {
     uid_t first;
@@ -34,6 +35,8 @@ struct session {
     bool net_closed;            /* the policy's network is "none" */
     dev_t workspace_dev;        /* the workspace as the session created (or reopened) it: */
     ino_t workspace_ino;        /*   a tool's cwd must still be that directory */
+    /* Its durable record (core/record.h), or NULL when it has none: */
+    struct session_record *record;
 };
 
 int uid_range_parse(const char *s, struct uid_range *out);
@@ -42,11 +45,33 @@ int uid_range_parse(const char *s, struct uid_range *out);
  * id NULL: a random UUID v4. */
 struct session *session_open(const char *state_dir, const char *id, bool reuse,
                              struct uid_range range, char **err);
+/* The same, with a durable record (core/record.h): `rec` gives its owner, policy, lease
+ * and labels; the id and uid are filled in here. The record is written before the root
+ * is created (a record that exists already: EEXIST), and kept up to date by
+ * session_record_save; session_close removes it once the root is gone. With reuse (a kept
+ * root), a record of another owner is refused (EBUSY). */
+struct session *session_open_recorded(const char *state_dir, const char *id, bool reuse,
+                                      struct uid_range range, const struct session_record *rec,
+                                      char **err);
+/* Take back a session a previous server left (restart, crash, upgrade): its uid (the same
+ * one: its files are owned by it) and its root, which must exist. Its isolation is not
+ * built: session_isolate does that, on its first call. NULL and *err (errno EBUSY: the
+ * uid is held by another session; ENOENT: no root). */
+struct session *session_adopt(const char *state_dir, const struct session_record *rec,
+                              char **err);
+/* Hold exactly service uid u (its lock under /run/stockade/uids): the fd, or -1 (errno
+ * EBUSY: another session holds it). For removing a root its owner left behind. */
+int session_uid_lock(uid_t u);
+/* Rewrite the record from s->record (after a renew, a new deadline). 0, or -1 (errno). */
+int session_record_save(struct session *s);
 /* Give the session what its policy's isolation needs: strict, its zygote (namespaces and
  * mount tree built); process, its Landlock ruleset, and `spawner` (the server's, borrowed;
  * NULL: each call forks its shim). False and *err when the zygote could not be built. */
 bool session_isolate(struct session *s, const struct policy *p, struct zygote *spawner,
                      char **err);
+/* Take its zygote away (a dead one, which the caller keeps until no call refers to it),
+ * so that session_isolate builds it again. Returns it. */
+struct zygote *session_zygote_take(struct session *s);
 /* End its isolation (the zygote first: its processes), remove the root (unless
  * keep_root) and release the uid; frees the session. Returns -1
  * when part of the root could not be removed (logged). */
