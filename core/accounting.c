@@ -2,6 +2,8 @@
 #include "proc.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +43,13 @@ void acct_sample_take(struct acct_sample *s)
                 s->fd_other++;
         }
         closedir(d);
+    } else if (errno == EMFILE) {
+        /* No descriptor left to look with: then every one below the limit is open, which
+         * is the count (of unknown kinds) — not 0, which would clear the fds alarm at the
+         * very moment descriptors run out. */
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+            s->fds = s->fd_other = (int)(rl.rlim_cur < 1 << 20 ? rl.rlim_cur : 1 << 20);
     }
     proc_count_tree(&s->processes, &s->zombies, &s->owned_zombies);
     long pages = 0, resident = 0;

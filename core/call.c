@@ -469,6 +469,11 @@ static void classify(struct call *c, const struct shim_report *rep)
     } else if (r->has_exit_code) {
         set_result(c, CLASS_TOOL_ERROR, false, xasprintf("exited with status %d", r->exit_code),
                    NULL);
+    } else if (r->signal == SIGKILL && c->zygote && !zygote_alive(c->zygote)) {
+        /* the helper that started it died, and took the tool with it: not the tool's doing */
+        set_result(c, CLASS_INTERNAL, c->idempotent,
+                   xstrdup("the process that started the call died; the tool was killed with it"),
+                   NULL);
     } else {
         set_result(c, CLASS_TOOL_ERROR, false,
                    xasprintf("killed by signal %d (SIG%s)", r->signal, signal_name(r->signal)),
@@ -497,7 +502,8 @@ static void shim_done(struct call *c, const struct shim_report *rep, int wstatus
                                  "processes)", c->kill_class == CLASS_TOOL_TIMEOUT
                                      ? "timed out" : "stopped", swept), c->kill_layer);
         } else {
-            set_result(c, CLASS_INTERNAL, false,
+            /* nothing of it ran to an end the caller saw: safe to repeat if idempotent */
+            set_result(c, CLASS_INTERNAL, c->idempotent,
                        xasprintf("the call's supervisor process died (status %#x); %d leftover "
                                  "processes killed", (unsigned)wstatus, swept), NULL);
         }
@@ -810,7 +816,10 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
     c->timeout_ms = call_timeout(c);
     if (call_spawn(c, d.depth) < 0) {
         int e = errno;
-        return refuse(c, e == EAGAIN ? CLASS_RESOURCE_LIMIT : CLASS_INTERNAL,
+        /* the server short of descriptors or memory: passes, so retryable, not a bug */
+        bool shortage = e == EMFILE || e == ENFILE || e == ENOMEM;
+        return refuse(c, shortage ? CLASS_OVERLOADED : e == EAGAIN ? CLASS_RESOURCE_LIMIT
+                                                                   : CLASS_INTERNAL,
                       xasprintf("could not start the call: %s", strerror(e)), NULL);
     }
     call_arm(c);

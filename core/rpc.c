@@ -1,6 +1,7 @@
 #include "rpc.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -447,4 +448,20 @@ char *rpc_obj_strdup(const msgpack_object *o)
         memcpy(s, p, n);
     s[n] = 0;
     return s;
+}
+
+void rpc_conn_flush_until(struct rpc_conn *c, int64_t until_ms)
+{
+    while (rpc_conn_queued(c) > 0) {
+        int64_t left = until_ms - now_ms();
+        struct pollfd pf = {c->wfd, POLLOUT, 0};
+        if (left <= 0 || poll(&pf, 1, (int)left) <= 0)
+            return;
+        ssize_t n = write(c->wfd, c->out.data + c->out_off, rpc_conn_queued(c));
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            continue;
+        if (n <= 0)
+            return;
+        c->out_off += (size_t)n;
+    }
 }

@@ -73,6 +73,9 @@ void rpc_conn_feed(struct rpc_conn *c, const void *data, size_t n);
 /* After packing a message into c->pk: start writing it. */
 void rpc_conn_flush(struct rpc_conn *c);
 size_t rpc_conn_queued(const struct rpc_conn *c);
+/* Write what is queued now, blocking, until it is out or until_ms (now_ms()) passes: for
+ * a server about to exec, whose loop will not turn again. */
+void rpc_conn_flush_until(struct rpc_conn *c, int64_t until_ms);
 
 /* Packing helpers over c->pk. */
 void rpc_pack_str(msgpack_packer *pk, const char *s);

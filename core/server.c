@@ -3,6 +3,7 @@
 #include "call.h"
 #include "policy.h"
 #include "proc.h"
+#include "record.h"
 #include "root.h"
 #include "rpc.h"
 #include "sandbox.h"
@@ -17,6 +18,7 @@
 #include <string.h>
 #include <sys/pidfd.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -24,6 +26,7 @@
 
 #define STOCKADE_VERSION "0.1.0"
 #define LATENCY_SAMPLES 1024
+#define ACCEPT_RETRY_MS 250         /* a listener parked for lack of descriptors */
 #define CLASS_COUNT (CLASS_INTERNAL + 1)
 #define PROTOCOL_VERSION 2
 /* Any duration a client sends is capped here before it meets a clock: 2^40 ms is about
@@ -67,6 +70,7 @@ struct srv_session {
     char **labels;                  /* key, value, key, value, ..., NULL: the client's */
     unsigned ncalls;
     bool ending;
+    bool isolated;                  /* false: adopted after a restart, built on its first call */
     const char *end_layer;          /* "fuse" / "ttl" when it expired, NULL when closed */
     unsigned calls_killed;
     struct close_waiter *waiters;
@@ -108,7 +112,10 @@ struct server {
     struct srv_conn *conns;
     int listen_fd;
     ev_io listen_watcher;
-    ev_signal sighup, sigterm, sigint;
+    ev_timer accept_retry;          /* the listener parked while descriptors are short */
+    ev_signal sighup, sigterm, sigint, sigusr2;
+    bool upgrading;                 /* SIGUSR2: drain, then exec the binary again */
+    ev_timer upgrade_timer;         /* the exec, from the loop rather than a callback */
     ev_timer drain_timer;
     bool draining, stopping;
     uint64_t class_counts[CLASS_COUNT];
@@ -130,6 +137,15 @@ struct server {
     void *on_reload_ud;
     struct ended_session ended[ENDED_KEEP];  /* a ring, the oldest overwritten first */
     size_t ended_next;
+    int state_lock_fd;              /* the state dir is ours while it is held */
+    struct proc cleaner;            /* removes the roots of sessions that expired while no
+                                     * server ran, off the loop */
+    bool cleaning;
+    uint64_t metrics_dropped;       /* metrics files that could not be written */
+    /* Helpers (spawner, zygotes) that died and were replaced: freed once no call that
+     * they started refers to them any more. */
+    struct zygote **retired;
+    size_t nretired, retired_cap;
 };
 
 /* ---- small helpers ------------------------------------------------------------------ */
@@ -415,8 +431,13 @@ static int count_fds(void)
 {
     int n = 0;
     DIR *d = opendir("/proc/self/fd");
-    if (!d)
+    if (!d) {
+        /* out of descriptors: all those below the limit are open (accounting.c) */
+        struct rlimit rl;
+        if (errno == EMFILE && getrlimit(RLIMIT_NOFILE, &rl) == 0)
+            return (int)(rl.rlim_cur < 1 << 20 ? rl.rlim_cur : 1 << 20);
         return -1;
+    }
     struct dirent *de;
     while ((de = readdir(d)))
         if (de->d_name[0] != '.')
@@ -464,6 +485,7 @@ static int cmp_i64(const void *a, const void *b)
 /* ---- sessions ----------------------------------------------------------------------- */
 
 static void session_finish(struct srv_session *ss);
+static void session_touch(struct srv_session *ss);
 
 static void ended_forget(struct server *srv, const char *id)
 {
@@ -620,8 +642,7 @@ static void on_lease(struct ev_loop *loop, ev_timer *w, int revents)
     struct srv_session *ss = w->data;
     /* A running call is activity: the lease only lapses on an idle session. */
     if (ss->ncalls > 0) {
-        ev_timer_again(ss->srv->loop, &ss->lease);
-        ss->expires_at_ms = wall_ms() + ss->ttl_ms;
+        session_touch(ss);
         return;
     }
     session_end(ss, "ttl");
@@ -633,10 +654,29 @@ static void on_fuse(struct ev_loop *loop, ev_timer *w, int revents)
     session_end(w->data, "fuse");
 }
 
+/* The record's lease runs half a lease ahead of the real one: a session in use is
+ * rewritten at most once per half lease, and a crash never finds the record of a session
+ * still in its lease expired (it may outlive its lease by half of one instead). */
+static void session_persist_lease(struct srv_session *ss)
+{
+    struct session_record *r = ss->s->record;
+    if (!r || ss->expires_at_ms <= r->lease_at_ms)
+        return;
+    int64_t before = r->lease_at_ms;
+    r->lease_at_ms = ss->expires_at_ms + ss->ttl_ms / 2;
+    if (r->lease_at_ms > r->fuse_at_ms)
+        r->lease_at_ms = r->fuse_at_ms;
+    if (session_record_save(ss->s) < 0) {
+        LOG_W("session %s: its record keeps the older lease: %s", ss->s->id, strerror(errno));
+        r->lease_at_ms = before;
+    }
+}
+
 static void session_touch(struct srv_session *ss)
 {
     ev_timer_again(ss->srv->loop, &ss->lease);
     ss->expires_at_ms = wall_ms() + ss->ttl_ms;
+    session_persist_lease(ss);
 }
 
 static void pack_session_info(msgpack_packer *pk, const struct srv_session *ss)
@@ -661,6 +701,14 @@ static void session_reattach(struct srv_conn *conn, uint32_t msgid, struct srv_s
     rpc_conn_flush(conn->rpc);
 }
 
+/* An errno that says the server is short of something that comes back (descriptors,
+ * memory, disk): the request may be repeated, and it is not the server's bug. */
+static bool errno_is_shortage(int e)
+{
+    return e == EMFILE || e == ENFILE || e == ENOMEM || e == EAGAIN || e == ENOSPC ||
+           e == EDQUOT || e == EFBIG;
+}
+
 /* A new session (id NULL: a random one) with its isolation, its lease (ttl_ms) and its
  * fuse (fuse_ms, at most the policy's); 0: the policy's. `labels` (key, value, ...,
  * NULL, or NULL) become the session's, or are freed. Answers either way. */
@@ -677,15 +725,33 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
         snprintf(msg, sizeof msg, "session limit reached (%u open)", srv->nsessions);
         rpc_send_error(conn->rpc, msgid, "OVERLOADED", true, msg, NULL);
     } else {
-        s = session_open(srv->state_dir, id, false, srv->opts->uids, &err);
+        const struct policy_timeouts *to = &srv->policy->timeouts;
+        ttl_ms = ttl_ms > 0 ? ttl_ms : to->lease_ms;    /* at most DURATION_MAX_MS: no wrap */
+        fuse_ms = fuse_ms > 0 && fuse_ms < to->fuse_ms ? fuse_ms : to->fuse_ms;
+        int64_t now = wall_ms();
+        struct session_record rec = {
+            .owner = RECORD_SERVE, .client_uid = conn->uid, .created_ms = now,
+            .ttl_ms = ttl_ms, .lease_at_ms = now + ttl_ms + ttl_ms / 2,
+            .fuse_at_ms = now + fuse_ms, .labels = labels,
+        };
+        if (rec.lease_at_ms > rec.fuse_at_ms)
+            rec.lease_at_ms = rec.fuse_at_ms;
+        snprintf(rec.isolation, sizeof rec.isolation, "%s", srv->policy->isolation);
+        snprintf(rec.policy_sha256, sizeof rec.policy_sha256, "%s", srv->policy->sha256);
+        s = session_open_recorded(srv->state_dir, id, false, srv->opts->uids, &rec, &err);
+        int saved = errno;
         if (s && !session_isolate(s, srv->policy, srv->spawner, &err)) {
+            saved = errno;
             session_close(s);
             s = NULL;
-            errno = 0;
         }
         if (!s) {
-            rpc_send_error(conn->rpc, msgid, errno == EEXIST ? "BAD_REQUEST" : "INTERNAL",
-                           false, err, NULL);
+            /* short of descriptors, memory or disk: retryable, and said so */
+            if (errno_is_shortage(saved))
+                rpc_send_error(conn->rpc, msgid, "OVERLOADED", true, err, NULL);
+            else
+                rpc_send_error(conn->rpc, msgid, saved == EEXIST ? "BAD_REQUEST" : "INTERNAL",
+                               false, err, NULL);
             LOG_W("session.open: %s", err);
             free(err);
         }
@@ -695,15 +761,14 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
         return;
     }
     ended_forget(srv, s->id);
-    const struct policy_timeouts *to = &srv->policy->timeouts;
     struct srv_session *ss = xcalloc(1, sizeof *ss);
     ss->s = s;
     ss->srv = srv;
     ss->owner = conn;
     ss->owner_uid = conn->uid;
     ss->labels = labels;
-    ss->ttl_ms = ttl_ms > 0 ? ttl_ms : to->lease_ms;    /* at most DURATION_MAX_MS: no wrap */
-    fuse_ms = fuse_ms > 0 && fuse_ms < to->fuse_ms ? fuse_ms : to->fuse_ms;
+    ss->isolated = true;
+    ss->ttl_ms = ttl_ms;
     ev_timer_init(&ss->lease, on_lease, 0, (double)ss->ttl_ms / 1000.0);
     ev_timer_init(&ss->fuse, on_fuse, (double)fuse_ms / 1000.0, 0);
     ss->lease.data = ss->fuse.data = ss;
@@ -740,6 +805,223 @@ static void m_session_open(struct srv_conn *conn, uint32_t msgid, const msgpack_
         session_create(conn, msgid, id, has_ttl ? ttl : 0, has_fuse ? fuse : 0, labels);
     }
     free(id);
+}
+
+/* ---- helpers that die: the spawner, a session's zygote ---------------------------------- */
+
+static bool zygote_in_use(const struct server *srv, const struct zygote *z)
+{
+    for (const struct srv_call *sc = srv->calls; sc; sc = sc->next)
+        if (sc->call && sc->call->zygote == z)
+            return true;
+    return false;
+}
+
+/* Keep a dead helper until the calls it started are answered (they refer to it), then
+ * end it; with z NULL, only end those no call refers to any more. */
+static void helpers_retire(struct server *srv, struct zygote *z)
+{
+    if (z) {
+        srv->retired = xgrow(srv->retired, &srv->retired_cap, srv->nretired,
+                             sizeof *srv->retired, 4);
+        srv->retired[srv->nretired++] = z;
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < srv->nretired; i++) {
+        if (zygote_in_use(srv, srv->retired[i]))
+            srv->retired[kept++] = srv->retired[i];
+        else
+            zygote_stop(srv->retired[i]);
+    }
+    srv->nretired = kept;
+}
+
+/* The spawner died (killed, OOM): start another, hand it to the sessions that borrowed
+ * the old one. Until one starts, calls fork from the server. */
+static void spawner_check(struct server *srv)
+{
+    helpers_retire(srv, NULL);
+    if (!srv->spawner || zygote_alive(srv->spawner))
+        return;
+    struct zygote *old = srv->spawner;
+    char *err = NULL;
+    struct zygote_config plain = {.plain = true};
+    struct zygote *fresh = zygote_start(&plain, &err);
+    if (!fresh) {
+        LOG_W("the spawner died and could not be started again (%s); calls fork from the "
+              "server meanwhile", err);
+        free(err);
+        return;
+    }
+    LOG_W("the spawner died; a new one was started");
+    for (struct srv_session *ss = srv->sessions; ss; ss = ss->next)
+        if (ss->s->spawner == old)
+            ss->s->spawner = fresh;
+    srv->spawner = fresh;
+    helpers_retire(srv, old);
+}
+
+/* A strict session whose zygote died gets a new one on its next call. */
+static void session_zygote_check(struct srv_session *ss)
+{
+    if (!ss->isolated || !ss->s->zygote || zygote_alive(ss->s->zygote))
+        return;
+    LOG_W("session %s: its zygote died; a new one is built for its next call", ss->s->id);
+    helpers_retire(ss->srv, session_zygote_take(ss->s));
+    ss->isolated = false;
+}
+
+/* ---- recovery: the sessions a previous server left ----------------------------------- */
+
+static void on_cleaner_exit(struct proc *p, int wstatus, void *ud)
+{
+    (void)p;
+    struct server *srv = ud;
+    srv->cleaning = false;
+    if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0)
+        LOG_W("recovery: some expired roots could not be removed yet; their records stay, "
+              "the next start retries");
+    else
+        LOG_I("recovery: expired roots removed");
+}
+
+/* Remove the roots (then the records) of `ids` in a child process: how long it takes is
+ * up to what the tools left in them, and the loop must not wait for it. The child holds
+ * the service uids (uid_fds, closed here) until the files they own are gone. */
+static void recovery_remove(struct server *srv, char **ids, int *uid_fds, size_t n)
+{
+    if (n == 0 || srv->cleaning) {
+        /* (one at a time: an earlier one, stopped, leaves its records for the next start) */
+        for (size_t i = 0; i < n; i++)
+            close_quietly(&uid_fds[i]);
+        return;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        int failed = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (root_remove(srv->state_dir, ids[i]) == 0)
+                failed += record_remove(srv->state_dir, ids[i]) < 0;
+            else
+                failed++;
+        }
+        _exit(failed ? 1 : 0);
+    }
+    for (size_t i = 0; i < n; i++)
+        close_quietly(&uid_fds[i]);
+    int pidfd = pid > 0 ? pidfd_open(pid, 0) : -1;
+    if (pid < 0 || pidfd < 0) {
+        LOG_E("recovery: cannot remove expired roots now (%s); the next start retries",
+              strerror(errno));
+        if (pid > 0)
+            proc_kill_reap(pid, -1);
+        return;
+    }
+    proc_watch(&srv->cleaner, pid, pidfd, on_cleaner_exit, srv);
+    srv->cleaning = true;
+}
+
+static void on_lease(struct ev_loop *loop, ev_timer *w, int revents);
+static void on_fuse(struct ev_loop *loop, ev_timer *w, int revents);
+
+/* A session taken back from its record: a fresh lease (the server's downtime is not the
+ * client's idleness), the fuse where it was; isolation on its first call. */
+static void session_adopted_add(struct server *srv, struct session *s,
+                                const struct session_record *r, int64_t now)
+{
+    struct srv_session *ss = xcalloc(1, sizeof *ss);
+    ss->s = s;
+    ss->srv = srv;
+    ss->owner_uid = r->client_uid;
+    ss->labels = record_labels_copy(r->labels);
+    ss->ttl_ms = r->ttl_ms > 0 ? r->ttl_ms : srv->policy->timeouts.lease_ms;
+    int64_t fuse_ms = r->fuse_at_ms - now;
+    ev_timer_init(&ss->lease, on_lease, 0, (double)ss->ttl_ms / 1000.0);
+    ev_timer_init(&ss->fuse, on_fuse, (double)fuse_ms / 1000.0, 0);
+    ss->lease.data = ss->fuse.data = ss;
+    session_touch(ss);
+    ev_timer_start(srv->loop, &ss->fuse);
+    ss->fuse_at_ms = r->fuse_at_ms;
+    ss->next = srv->sessions;
+    srv->sessions = ss;
+    srv->nsessions++;
+    log_session(ss, "adopted");
+}
+
+/* Read every record of the state dir (which this server has locked). The rule, one for
+ * every case (README, "Recovery"):
+ * - a server's session whose lease and fuse have not run out is adopted;
+ * - one that expired, or was being closed, is removed (root, then record), off the loop;
+ * - a record whose root is gone is removed;
+ * - a root with no record is left on disk and reported (`stockade sessions gc` removes
+ *   it): it is not known whose it is;
+ * - `stockade run`'s records are not the server's: left alone. */
+static void server_recover(struct server *srv)
+{
+    char **ids = record_ids(srv->state_dir);
+    char **roots = record_root_ids(srv->state_dir);
+    if (!ids || !roots) {
+        LOG_E("recovery: cannot list %s: %s", srv->state_dir, strerror(errno));
+        strv_free(ids);
+        strv_free(roots);
+        return;
+    }
+    size_t n = 0;
+    while (ids[n])
+        n++;
+    char **doomed = xcalloc(n + 1, sizeof *doomed);
+    int *doomed_uids = xcalloc(n + 1, sizeof *doomed_uids);
+    size_t ndoomed = 0;
+    unsigned adopted = 0;
+    int64_t now = wall_ms();
+    for (size_t i = 0; i < n; i++) {
+        struct session_record r;
+        if (record_read(srv->state_dir, ids[i], &r) < 0) {
+            LOG_W("recovery: record %s unreadable (%s): left as it is", ids[i], strerror(errno));
+            continue;
+        }
+        bool has_root = false;
+        for (char **p = roots; *p; p++)
+            has_root |= strcmp(*p, r.id) == 0;
+        char *err = NULL;
+        struct session *s = NULL;
+        if (r.owner != RECORD_SERVE) {
+            /* stockade run's: not ours */
+        } else if (!has_root) {
+            LOG_W("recovery: session %s has a record and no root: record removed", r.id);
+            if (record_remove(srv->state_dir, r.id) < 0)
+                LOG_W("recovery: record %s: %s", r.id, strerror(errno));
+        } else if (record_expired(&r, now)) {
+            LOG_I("recovery: session %s %s while no server ran: removing it", r.id,
+                  r.state == RECORD_CLOSING ? "was being closed" : "expired");
+            doomed_uids[ndoomed] = r.service_uid && geteuid() == 0 ? session_uid_lock(r.uid) : -1;
+            doomed[ndoomed++] = xstrdup(r.id);
+        } else if ((s = session_adopt(srv->state_dir, &r, &err))) {
+            session_adopted_add(srv, s, &r, now);
+            adopted++;
+        } else {
+            LOG_E("recovery: session %s not adopted, left on disk with its record: %s", r.id,
+                  err);
+            free(err);
+        }
+        record_clear(&r);
+    }
+    for (char **p = roots; *p; p++) {
+        bool recorded = false;
+        for (size_t i = 0; i < n; i++)
+            recorded |= strcmp(ids[i], *p) == 0;
+        if (!recorded)
+            LOG_W("recovery: root %s/sessions/%s has no record: left on disk "
+                  "(`stockade sessions gc` removes it)", srv->state_dir, *p);
+    }
+    if (adopted || ndoomed)
+        LOG_I("recovery: %u sessions adopted, %zu expired", adopted, ndoomed);
+    recovery_remove(srv, doomed, doomed_uids, ndoomed);
+    strv_free(doomed);
+    free(doomed_uids);
+    strv_free(ids);
+    strv_free(roots);
 }
 
 /* The live session `id` of this connection's uid, touched; NULL (and an answer sent)
@@ -1016,6 +1298,22 @@ static void m_call(struct srv_conn *conn, uint32_t msgid, const msgpack_object *
         call_request_free(&req);
         return;
     }
+    spawner_check(srv);
+    session_zygote_check(ss);
+    if (!ss->isolated) {
+        /* adopted after a restart, or its zygote died: its zygote or ruleset is built now */
+        char *err = NULL;
+        if (!session_isolate(ss->s, srv->policy, srv->spawner, &err)) {
+            bool shortage = errno_is_shortage(errno);
+            rpc_send_error(conn->rpc, msgid, shortage ? "OVERLOADED" : "INTERNAL", shortage,
+                           err, NULL);
+            LOG_W("session %s: isolation: %s", ss->s->id, err);
+            free(err);
+            call_request_free(&req);
+            return;
+        }
+        ss->isolated = true;
+    }
     struct srv_call *sc = xcalloc(1, sizeof *sc);
     sc->conn = conn;
     sc->msgid = msgid;
@@ -1121,7 +1419,7 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     unsigned standby_fds = 0, standby = standby_count(srv, srv->running ? 0 : 100, &standby_fds);
     unsigned live, zombies;
     proc_count_tree(&live, &zombies, NULL);
-    msgpack_packer *pk = result_begin(conn, msgid, 17);
+    msgpack_packer *pk = result_begin(conn, msgid, 19);
     rpc_pack_kv_int(pk, "sessions", srv->nsessions);
     /* the labels of the open sessions that have some, by session id */
     unsigned nlabelled = 0;
@@ -1193,6 +1491,9 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     rpc_pack_kv_int(pk, "socket", now.fd_socket);
     rpc_pack_kv_int(pk, "other", now.fd_other);
     rpc_pack_kv_int(pk, "fd_baseline", srv->fd_baseline);
+    /* lines the log or metrics file could not take (full disk, file size limit) */
+    rpc_pack_kv_int(pk, "log_dropped", (int64_t)log_dropped);
+    rpc_pack_kv_int(pk, "metrics_dropped", (int64_t)srv->metrics_dropped);
     rpc_conn_flush(conn->rpc);
 }
 
@@ -1337,6 +1638,9 @@ static void on_sample(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop, (void)revents;
     struct server *srv = w->data;
+    spawner_check(srv);
+    for (struct srv_session *ss = srv->sessions; ss; ss = ss->next)
+        session_zygote_check(ss);
     standby_count(srv, 0, NULL);        /* take the spares that arrived, then count */
     acct_sample_take(&srv->last);
     alarm_thresholds(srv);
@@ -1410,6 +1714,7 @@ static void write_metrics(struct server *srv)
     if (fd >= 0)
         close(fd);
     if (!ok || rename(tmp, path) < 0) {
+        srv->metrics_dropped++;
         LOG_W("metrics %s: %s", path, strerror(errno));
         unlink(tmp);
     }
@@ -1656,8 +1961,17 @@ static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
     struct server *srv = w->data;
     int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-        if (errno != EAGAIN && errno != EINTR)
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            /* The connection stays in the backlog, so the listener stays readable: left
+             * armed, the loop would spin on it. Parked, it is tried again in a while. */
+            LOG_W("accept: %s; new clients wait until descriptors come back",
+                  strerror(errno));
+            ev_io_stop(srv->loop, &srv->listen_watcher);
+            ev_timer_set(&srv->accept_retry, ACCEPT_RETRY_MS / 1000.0, 0);
+            ev_timer_start(srv->loop, &srv->accept_retry);
+        } else if (errno != EAGAIN && errno != EINTR) {
             LOG_W("accept: %s", strerror(errno));
+        }
         return;
     }
     struct ucred cred;
@@ -1704,6 +2018,26 @@ static void refuse_live_socket(const struct sockaddr_un *addr, const char *path)
     unlink(path);
 }
 
+static void on_accept_retry(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct server *srv = w->data;
+    if (srv->listen_fd >= 0 && !srv->draining)
+        ev_io_start(srv->loop, &srv->listen_watcher);
+}
+
+/* No new client from now on: the socket closed (a connection attempt is refused at
+ * once, rather than left in a backlog nobody accepts from) and its path removed. */
+static void listener_close(struct server *srv)
+{
+    ev_timer_stop(srv->loop, &srv->accept_retry);
+    if (srv->listen_fd < 0)
+        return;
+    ev_io_stop(srv->loop, &srv->listen_watcher);
+    close_quietly(&srv->listen_fd);
+    unlink(srv->opts->listen_path);
+}
+
 static int listen_unix(const struct server_opts *opts)
 {
     const char *path = opts->listen_path;
@@ -1732,10 +2066,16 @@ static int listen_unix(const struct server_opts *opts)
 
 /* ---- signals, draining, stopping ------------------------------------------------------ */
 
+static void upgrade_begin(struct server *srv);
+
 static void maybe_stop(struct server *srv)
 {
     if (!srv->draining || srv->calls || srv->stopping)
         return;
+    if (srv->upgrading) {
+        upgrade_begin(srv);
+        return;
+    }
     srv->stopping = true;
     ev_timer_stop(srv->loop, &srv->drain_timer);
     if (srv->holding_zombie)
@@ -1749,14 +2089,11 @@ static void maybe_stop(struct server *srv)
     }
     while (srv->conns)
         rpc_conn_close(srv->conns->rpc, "server stopping", 1000);
-    if (srv->listen_fd >= 0) {
-        ev_io_stop(srv->loop, &srv->listen_watcher);
-        close_quietly(&srv->listen_fd);
-        unlink(srv->opts->listen_path);
-    }
+    listener_close(srv);
     ev_signal_stop(srv->loop, &srv->sighup);
     ev_signal_stop(srv->loop, &srv->sigterm);
     ev_signal_stop(srv->loop, &srv->sigint);
+    ev_signal_stop(srv->loop, &srv->sigusr2);
 }
 
 static void on_drain_timer(struct ev_loop *loop, ev_timer *w, int revents)
@@ -1773,8 +2110,7 @@ static void shutdown_begin(struct server *srv, bool hard)
 {
     if (!srv->draining) {
         srv->draining = true;
-        if (srv->listen_fd >= 0)
-            ev_io_stop(srv->loop, &srv->listen_watcher);
+        listener_close(srv);
         ev_timer_set(&srv->drain_timer, hard ? 0 : (double)srv->opts->drain_ms / 1000.0, 0);
         ev_timer_start(srv->loop, &srv->drain_timer);
     } else if (hard) {
@@ -1783,10 +2119,186 @@ static void shutdown_begin(struct server *srv, bool hard)
     maybe_stop(srv);
 }
 
+/* ---- graceful upgrade: SIGUSR2 ----------------------------------------------------------
+ * The listening socket stays open (connections wait in its backlog), running calls finish
+ * within the drain timeout, the clients are disconnected, the sessions released with
+ * their roots and records kept, and the binary at the same path is executed again with
+ * the socket and the state dir's lock inherited; it adopts the sessions as a restart
+ * would. If the exec fails, this server adopts them back and goes on serving. */
+
+#define ENV_LISTEN_FD "STOCKADE_UPGRADE_LISTEN_FD"
+#define ENV_LOCK_FD "STOCKADE_UPGRADE_LOCK_FD"
+#define UPGRADE_FLUSH_MS 1000       /* the last answers' chance to leave, all clients */
+
+/* A descriptor the previous image left us, named in the environment (which no tool
+ * ever sees: theirs is built from nothing); -1 when none. */
+static int inherited_fd(const char *var)
+{
+    const char *v = getenv(var);
+    if (!v)
+        return -1;
+    char *end;
+    long fd = strtol(v, &end, 10);
+    unsetenv(var);
+    if (*end || fd < 3 || fd > INT32_MAX || fcntl((int)fd, F_GETFD) < 0)
+        return -1;
+    fd_set_cloexec((int)fd);
+    return (int)fd;
+}
+
+static void upgrade_abort(struct server *srv, const char *why)
+{
+    LOG_E("upgrade: %s; this server goes on", why);
+    srv->upgrading = false;
+    srv->draining = false;
+    unsetenv(ENV_LISTEN_FD);
+    unsetenv(ENV_LOCK_FD);
+    if (srv->listen_fd >= 0)
+        fd_set_cloexec(srv->listen_fd);
+    if (srv->state_lock_fd >= 0)
+        fd_set_cloexec(srv->state_lock_fd);
+    if (!srv->spawner) {
+        char *err = NULL;
+        struct zygote_config plain = {.plain = true};
+        srv->spawner = zygote_start(&plain, &err);
+        if (!srv->spawner) {
+            LOG_W("no spawner, calls fork from the server: %s", err);
+            free(err);
+        }
+    }
+    server_recover(srv);
+    if (srv->listen_fd >= 0)
+        ev_io_start(srv->loop, &srv->listen_watcher);
+}
+
+/* argv of this process, from /proc/self/cmdline (NULL-terminated, malloc'd). */
+static char **own_argv(void)
+{
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    struct buf b = {0};
+    char chunk[4096];
+    ssize_t n;
+    while ((n = read(fd, chunk, sizeof chunk)) > 0)
+        buf_append(&b, chunk, (size_t)n);
+    close(fd);
+    size_t count = 0;
+    for (size_t i = 0; i < b.len; i++)
+        count += b.data[i] == 0;
+    char **argv = xcalloc(count + 1, sizeof *argv);
+    size_t k = 0;
+    for (size_t i = 0; i < b.len && k < count; i += strlen(b.data + i) + 1)
+        argv[k++] = xstrdup(b.data + i);
+    buf_free(&b);
+    return argv;
+}
+
+static void on_upgrade_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct server *srv = w->data;
+    if (!srv->upgrading)
+        return;                 /* a SIGTERM came first: the server is stopping instead */
+    /* the binary now at the path this one was started from (a package update renames a
+     * new file over it: /proc/self/exe then names the old one, "(deleted)") */
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        upgrade_abort(srv, "cannot read /proc/self/exe");
+        return;
+    }
+    exe[n] = 0;
+    char *deleted = strstr(exe, " (deleted)");
+    if (deleted && deleted[10] == 0)
+        *deleted = 0;
+    char **argv = own_argv();
+    if (!argv || !argv[0]) {
+        strv_free(argv);
+        upgrade_abort(srv, "cannot read /proc/self/cmdline");
+        return;
+    }
+    char fdtext[16];
+    snprintf(fdtext, sizeof fdtext, "%d", srv->listen_fd);
+    setenv(ENV_LISTEN_FD, fdtext, 1);
+    snprintf(fdtext, sizeof fdtext, "%d", srv->state_lock_fd);
+    setenv(ENV_LOCK_FD, fdtext, 1);
+    /* the two descriptors cross the exec; everything else is close-on-exec */
+    int flags = fcntl(srv->listen_fd, F_GETFD);
+    fcntl(srv->listen_fd, F_SETFD, flags & ~FD_CLOEXEC);
+    flags = fcntl(srv->state_lock_fd, F_GETFD);
+    fcntl(srv->state_lock_fd, F_SETFD, flags & ~FD_CLOEXEC);
+    LOG_I("upgrade: executing %s", exe);
+    execv(exe, argv);
+    char *why = xasprintf("exec %s: %s", exe, strerror(errno));
+    strv_free(argv);
+    upgrade_abort(srv, why);
+    free(why);
+}
+
+/* Nothing runs any more: let go of the clients and the sessions (roots and records
+ * stay), end the helpers, and exec shortly. */
+static void upgrade_begin(struct server *srv)
+{
+    ev_timer_stop(srv->loop, &srv->drain_timer);
+    if (srv->holding_zombie)
+        proc_signal(&srv->zombie_holder, SIGKILL);
+    /* the loop will not turn for them again: what is queued goes now, within a bound */
+    int64_t until = now_ms() + UPGRADE_FLUSH_MS;
+    while (srv->conns) {
+        rpc_conn_flush_until(srv->conns->rpc, until);
+        rpc_conn_close(srv->conns->rpc, "server upgrading", 0);
+    }
+    while (srv->sessions) {
+        struct srv_session *ss = srv->sessions;
+        srv->sessions = ss->next;
+        ev_timer_stop(srv->loop, &ss->lease);
+        ev_timer_stop(srv->loop, &ss->fuse);
+        ss->s->keep_root = true;        /* and its record: the next image adopts it */
+        session_close(ss->s);
+        free(ss);
+    }
+    srv->nsessions = 0;
+    zygote_stop(srv->spawner);
+    srv->spawner = NULL;
+    while (srv->nretired > 0)
+        zygote_stop(srv->retired[--srv->nretired]);
+    if (srv->cleaning)
+        proc_signal(&srv->cleaner, SIGKILL);    /* the next image starts it again */
+    ev_timer_set(&srv->upgrade_timer, 0, 0);    /* exec outside the call's callbacks */
+    ev_timer_start(srv->loop, &srv->upgrade_timer);
+}
+
+static void upgrade_request(struct server *srv)
+{
+    if (!srv->opts->listen_path || srv->listen_fd < 0) {
+        LOG_W("SIGUSR2: an upgrade keeps the listening socket; without --listen there is "
+              "none (stdio): ignored");
+        return;
+    }
+    if (srv->draining) {
+        LOG_W("SIGUSR2: already %s: ignored", srv->upgrading ? "upgrading" : "stopping");
+        return;
+    }
+    LOG_I("SIGUSR2: upgrading: no new client, running calls finish (drain timeout %lld ms)",
+          (long long)srv->opts->drain_ms);
+    srv->upgrading = true;
+    srv->draining = true;
+    ev_io_stop(srv->loop, &srv->listen_watcher);   /* parked, not closed: clients queue */
+    ev_timer_stop(srv->loop, &srv->accept_retry);
+    ev_timer_set(&srv->drain_timer, (double)srv->opts->drain_ms / 1000.0, 0);
+    ev_timer_start(srv->loop, &srv->drain_timer);
+    maybe_stop(srv);
+}
+
 static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 {
     (void)loop, (void)revents;
     struct server *srv = w->data;
+    if (w->signum == SIGUSR2) {
+        upgrade_request(srv);
+        return;
+    }
     if (w->signum == SIGHUP) {
         char *err = NULL;
         if (!reload(srv, &err)) {
@@ -1796,6 +2308,11 @@ static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
         return;
     }
     LOG_I("signal %d: draining", w->signum);
+    if (srv->upgrading) {
+        /* a stop wins over an upgrade under way: the listener goes too */
+        srv->upgrading = false;
+        listener_close(srv);
+    }
     shutdown_begin(srv, false);
 }
 
@@ -1804,6 +2321,10 @@ struct server *server_new(const struct server_opts *opts)
     struct server *srv = xcalloc(1, sizeof *srv);
     srv->opts = opts;
     srv->listen_fd = -1;
+    /* A size-capped log or metrics disk (RLIMIT_FSIZE) must cost lines, not the server:
+     * a write past the limit then fails with EFBIG, counted like ENOSPC. (The tools'
+     * shims set every signal back to its default.) */
+    signal(SIGXFSZ, SIG_IGN);
     char *err = NULL;
     srv->policy = policy_load(opts->policy_path, &err);
     if (!srv->policy)
@@ -1820,6 +2341,14 @@ struct server *server_new(const struct server_opts *opts)
     srv->state_dir = xstrdup(opts->state_dir);
     if (mkdir(srv->state_dir, 0711) < 0 && errno != EEXIST)
         die_errno("state dir %s", srv->state_dir);
+    /* one server per state dir: two would each take the other's sessions for orphans
+     * (after an upgrade, the lock the previous image held is ours already) */
+    srv->state_lock_fd = inherited_fd(ENV_LOCK_FD);
+    if (srv->state_lock_fd < 0)
+        srv->state_lock_fd = record_lock_state_dir(srv->state_dir, &err);
+    if (srv->state_lock_fd < 0)
+        die("%s", err);
+    srv->listen_fd = inherited_fd(ENV_LISTEN_FD);   /* after an upgrade; else made later */
 
     /* Forked now, while we are small and before any client: it inherits the probed
      * caps and the compiled filter. Without it calls fork from here (slower, same walls). */
@@ -1838,12 +2367,19 @@ struct server *server_new(const struct server_opts *opts)
     ev_signal_init(&srv->sighup, on_signal, SIGHUP);
     ev_signal_init(&srv->sigterm, on_signal, SIGTERM);
     ev_signal_init(&srv->sigint, on_signal, SIGINT);
-    srv->sighup.data = srv->sigterm.data = srv->sigint.data = srv;
+    ev_signal_init(&srv->sigusr2, on_signal, SIGUSR2);
+    srv->sighup.data = srv->sigterm.data = srv->sigint.data = srv->sigusr2.data = srv;
+    ev_signal_start(srv->loop, &srv->sigusr2);
+    ev_timer_init(&srv->upgrade_timer, on_upgrade_timer, 0, 0);
+    srv->upgrade_timer.data = srv;
     ev_signal_start(srv->loop, &srv->sighup);
     ev_signal_start(srv->loop, &srv->sigterm);
     ev_signal_start(srv->loop, &srv->sigint);
     ev_timer_init(&srv->drain_timer, on_drain_timer, 0, 0);
     srv->drain_timer.data = srv;
+    ev_timer_init(&srv->accept_retry, on_accept_retry, 0, 0);
+    srv->accept_retry.data = srv;
+    server_recover(srv);
     ev_timer_init(&srv->sampler, on_sample, 1.0, 1.0);
     srv->sampler.data = srv;
     ev_timer_init(&srv->metrics_timer, on_metrics, 0,
@@ -1889,6 +2425,12 @@ void server_free(struct server *srv)
         free(t);
     }
     zygote_stop(srv->spawner);
+    while (srv->nretired > 0)
+        zygote_stop(srv->retired[--srv->nretired]);
+    free(srv->retired);
+    if (srv->cleaning)
+        proc_signal(&srv->cleaner, SIGKILL);    /* the next start finishes its work */
+    close_quietly(&srv->state_lock_fd);
     policy_unref(srv->policy);
     free(srv->policy_path);
     free(srv->state_dir);
@@ -1927,11 +2469,15 @@ int server_run(const struct server_opts *opts)
 {
     struct server *srv = server_new(opts);
     if (opts->listen_path) {
-        srv->listen_fd = listen_unix(opts);
+        /* an upgrade hands the socket over (server_new took it): clients that connected
+         * meanwhile are in its backlog */
+        bool inherited = srv->listen_fd >= 0;
+        if (!inherited)
+            srv->listen_fd = listen_unix(opts);
         ev_io_init(&srv->listen_watcher, on_accept, srv->listen_fd, EV_READ);
         srv->listen_watcher.data = srv;
         ev_io_start(srv->loop, &srv->listen_watcher);
-        LOG_I("listening on unix:%s", opts->listen_path);
+        LOG_I("listening on unix:%s%s", opts->listen_path, inherited ? " (after an upgrade)" : "");
     } else {
         /* stdin/stdout are the protocol: keep them out of every child (CLOEXEC). */
         fd_set_cloexec(0);

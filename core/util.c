@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,9 +39,24 @@ int write_all(int fd, const void *data, size_t n)
     return 0;
 }
 
+uint64_t log_dropped;
+
+/* A log that cannot take the line (ENOSPC, EFBIG past RLIMIT_FSIZE, EIO) costs the line,
+ * counted, never the caller. */
 static void write_line(const char *p, size_t n)
 {
-    write_all(log_fd, p, n);
+    /* under a file size limit, a line that would cross it is dropped whole rather than
+     * cut (the kernel writes what fits) */
+    struct rlimit rl;
+    struct stat st;
+    if (getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        fstat(log_fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        (uint64_t)st.st_size + n > (uint64_t)rl.rlim_cur) {
+        log_dropped++;
+        return;
+    }
+    if (write_all(log_fd, p, n) < 0)
+        log_dropped++;
 }
 
 void log_json_line(const char *level, const char *json_fields)

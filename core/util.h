@@ -14,6 +14,7 @@ enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 extern enum log_level log_threshold;
 extern bool log_json;           /* JSON lines (serve), or "stockade: level: text" */
 extern int log_fd;              /* stderr, or --log FILE */
+extern uint64_t log_dropped;    /* lines the log could not take (full, too big) */
 /* One JSON-lines record: {"ts":...,"level":...,<fields>} where fields is already JSON
  * (`"k":v,...`). */
 void log_json_line(const char *level, const char *json_fields);

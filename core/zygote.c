@@ -600,15 +600,19 @@ static int spare_ask(struct zygote *z)
 }
 
 /* Take the spares the zygote has delivered; with `wait`, block for one. -1 when the
- * zygote is gone or could not make one (errno). */
+ * zygote is gone or could not make one (errno).
+ * Everything delivered is read, expected or not: a shim counted as lost (killed before
+ * it could ask for its successor, as far as we knew) may have asked after all, and its
+ * spare, left unread in the socket, would live on uncounted. */
 static int spare_collect(struct zygote *z, bool wait)
 {
-    while (z->asked + z->coming > 0) {
+    for (;;) {
+        bool block = wait && z->asked + z->coming > 0;
         int32_t answer[2];
         int fds[2], nfds = 0;
         ssize_t n = recv_with_fds_flags(z->sock, answer, sizeof answer, fds, 2, &nfds,
-                                        wait ? 0 : MSG_DONTWAIT);
-        if (n < 0 && !wait && (errno == EAGAIN || errno == EWOULDBLOCK))
+                                        block ? 0 : MSG_DONTWAIT);
+        if (n < 0 && !block && (errno == EAGAIN || errno == EWOULDBLOCK))
             return 0;
         if (n != sizeof answer) {
             for (int i = 0; i < nfds; i++)
@@ -619,8 +623,8 @@ static int spare_collect(struct zygote *z, bool wait)
         }
         if (z->asked > 0)
             z->asked--;
-        else
-            z->coming--;
+        else if (z->coming > 0)
+            z->coming--;        /* else: the successor of a shim we counted as lost */
         /* more than it keeps ahead (a lost shim's ask, made up for, arrived after all):
          * closing its socket ends it */
         if (answer[0] <= 0 || nfds != 2 || z->npool >= z->want) {
@@ -823,12 +827,46 @@ int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_chi
     return rc;
 }
 
+bool zygote_alive(struct zygote *z)
+{
+    if (!z || z->broken)
+        return false;
+    struct pollfd pf = {z->pidfd, POLLIN, 0};
+    if (z->pidfd >= 0 && poll(&pf, 1, 0) == 1) {
+        z->broken = true;       /* a pidfd is readable once its process has exited */
+        return false;
+    }
+    return true;
+}
+
 unsigned zygote_standby(struct zygote *z, int wait_ms, unsigned *fds)
 {
     if (!z)
         return 0;
+    if (!zygote_alive(z)) {
+        /* its spares died with it (PDEATHSIG): none is standing by, and none is coming */
+        while (z->npool > 0)
+            spare_drop(&z->pool[--z->npool]);
+        z->asked = z->coming = 0;
+        if (fds)
+            *fds += 2u;         /* its pidfd and socket, held until it is replaced */
+        return 0;
+    }
     /* Spares asked for are on their way (a fork, under a millisecond): with wait_ms, wait
      * a little for them, so that a quiet server reports the same figure every time. */
+    if (wait_ms >= 0) {
+        spare_collect(z, false);    /* what arrived, expected or not */
+        /* a spare killed while it waited in the pool stands by for nothing */
+        int kept = 0;
+        for (int i = 0; i < z->npool; i++) {
+            struct pollfd sp = {z->pool[i].pidfd, POLLIN, 0};
+            if (poll(&sp, 1, 0) == 1)
+                spare_drop(&z->pool[i]);
+            else
+                z->pool[kept++] = z->pool[i];
+        }
+        z->npool = kept;
+    }
     struct pollfd pf = {z->sock, POLLIN, 0};
     int64_t until = now_ms() + (wait_ms > 0 ? wait_ms : 0);
     for (int64_t left = wait_ms; left >= 0 && !z->broken && z->asked + z->coming > 0;

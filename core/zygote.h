@@ -56,6 +56,9 @@ void zygote_spare_lost(struct zygote *z);
  * NULL. Adds the descriptors the supervisor holds for them to *fds (if fds). wait_ms:
  * how long to wait for spares on their way (0: take what has arrived; < 0: count only). */
 unsigned zygote_standby(struct zygote *z, int wait_ms, unsigned *fds);
+/* False once it has died (killed, OOM) or stopped answering: its spares are gone with it
+ * and it makes no more; the owner replaces it. Marks it broken. */
+bool zygote_alive(struct zygote *z);
 /* Kill it (its calls die with it) and release everything. */
 void zygote_stop(struct zygote *z);
 
