@@ -10,6 +10,7 @@ cause a failure in another.
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -177,3 +178,45 @@ def run_json(run):
         return cp
 
     return _do
+
+
+# ---------------------------------------------------------------- recovery and faults
+
+
+@pytest.fixture(scope="session")
+def strict_available(stockade):
+    """Whether this host can give strict isolation (what `stockade doctor` says)."""
+    cp = subprocess.run([stockade, "doctor"], capture_output=True, text=True, timeout=30)
+    return "isolation strict:  available" in cp.stdout
+
+
+@pytest.fixture(params=["process", "strict"])
+def level(request, strict_available):
+    """Both isolation levels; strict skipped, with the reason, where the host lacks it."""
+    if request.param == "strict" and not strict_available:
+        pytest.skip("this host cannot give strict isolation (stockade doctor)")
+    return request.param
+
+
+@pytest.fixture
+def servers(stockade, state_dir, tmp_path):
+    """start(policy=fixtures/recovery_process.lua, args=()) -> a `stockade serve --listen`
+    (serve_helpers.ServeProc) on the test's state dir; each stopped at teardown, its
+    stderr printed."""
+    from serve_helpers import ServeProc
+    started = []
+
+    def start(policy=os.path.join(FIXTURES, "recovery_process.lua"), args=()):
+        s = ServeProc(stockade, state_dir, policy, args, listen=True, log_dir=str(tmp_path))
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        if s.alive():
+            try:     # a test that lowered its descriptor limit may have failed midway
+                resource.prlimit(s.pid, resource.RLIMIT_NOFILE, (4096, 4096))
+            except OSError:
+                pass
+        s.stop()
+        print(f"---- stderr of {' '.join(s.cmd)}\n{open(s.log_path, 'rb').read()[-3000:]!r}")

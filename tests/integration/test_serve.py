@@ -1303,6 +1303,7 @@ def test_listen_peer_uid_checked(serve):
     c = s.connect()
     assert c.hello().protocol == 2
     c.close()
+    s.stop()        # one server per state dir
 
     s2 = serve(listen=True, args=["--allow-uid", "65534"])
     os.chmod(s2.sock_dir, 0o755)
