@@ -173,7 +173,7 @@ static int sessions_list(const char *state_dir, bool json)
             if (e->has_record)
                 snprintf(uid, sizeof uid, "%u", (unsigned)e->rec.uid);
             printf("%-40s %-8s %-6s %-9s %-9s %10s %10s\n", e->id, entry_status(e, now),
-                   !e->has_record ? "-" : e->rec.owner == RECORD_SERVE ? "serve" : "run", uid,
+                   !e->has_record ? "-" : record_owner_name(e->rec.owner), uid,
                    e->has_record && e->rec.isolation[0] ? e->rec.isolation : "-", lease, fuse);
         }
     }
@@ -212,7 +212,7 @@ static int sessions_show(const char *state_dir, const char *id, bool json)
             fmt_left(fuse, sizeof fuse, r->fuse_at_ms, now);
             printf("owner:     %s\nuid:       %u\nisolation: %s\npolicy:    %s\n"
                    "lease:     %s\nfuse:      %s\n",
-                   r->owner == RECORD_SERVE ? "serve" : "run", (unsigned)r->uid,
+                   record_owner_name(r->owner), (unsigned)r->uid,
                    r->isolation[0] ? r->isolation : "-",
                    r->policy_sha256[0] ? r->policy_sha256 : "-", lease, fuse);
             for (char **l = r->labels; l && l[0] && l[1]; l += 2)
@@ -241,6 +241,12 @@ static int sessions_lock(const char *state_dir, const char *what)
  * handed out while files it owns remain), then its record. */
 static bool session_discard(const char *state_dir, const struct entry *e, char **err)
 {
+    if (e->has_record && !e->rec.kept && e->rec.owner != RECORD_SERVE &&
+        !record_expired(&e->rec, 0)) {
+        *err = xasprintf("its `stockade %s` (pid %d) is still running",
+                         record_owner_name(e->rec.owner), (int)e->rec.pid);
+        return false;
+    }
     int uid_fd = -1;
     if (e->has_record && e->has_root && e->rec.service_uid && geteuid() == 0) {
         uid_fd = session_uid_lock(e->rec.uid);
@@ -249,11 +255,6 @@ static bool session_discard(const char *state_dir, const struct entry *e, char *
                              strerror(errno));
             return false;
         }
-    }
-    if (e->has_record && !e->rec.kept && e->rec.owner == RECORD_RUN && !record_expired(&e->rec, 0)) {
-        close_quietly(&uid_fd);
-        *err = xasprintf("its `stockade run` (pid %d) is still running", (int)e->rec.pid);
-        return false;
     }
     bool ok = true;
     if (e->has_record) {

@@ -17,7 +17,11 @@
 #define RECORD_MAGIC "stockade-session-record 1"
 #define RECORD_MAX 65536        /* labels included: a record is small */
 
-static const char *const owner_names[] = {[RECORD_SERVE] = "serve", [RECORD_RUN] = "run"};
+static const char *const owner_names[] = {
+    [RECORD_SERVE] = "serve", [RECORD_RUN] = "run", [RECORD_STDIO] = "stdio",
+};
+
+const char *record_owner_name(enum record_owner o) { return owner_names[o]; }
 static const char *const state_names[] = {[RECORD_OPEN] = "open", [RECORD_CLOSING] = "closing"};
 
 /* STATE_DIR/records, created 0700 when missing; an fd on it (never through a symlink). */
@@ -392,7 +396,7 @@ bool record_expired(const struct session_record *r, int64_t now)
 {
     if (r->kept)
         return false;
-    if (r->owner == RECORD_RUN)     /* its run is over when its process is */
+    if (r->owner != RECORD_SERVE)   /* over when its process is */
         return r->pid > 0 && kill(r->pid, 0) < 0 && errno == ESRCH;
     return r->state == RECORD_CLOSING || now >= r->lease_at_ms || now >= r->fuse_at_ms;
 }
@@ -406,7 +410,7 @@ void record_json(struct buf *b, const struct session_record *r)
                (unsigned)r->uid);
     if (r->owner == RECORD_SERVE)
         buf_printf(b, "\"client_uid\":%u,", (unsigned)r->client_uid);
-    if (r->owner == RECORD_RUN)
+    if (r->owner != RECORD_SERVE)
         buf_printf(b, "\"pid\":%d,", (int)r->pid);
     buf_append_lit(b, "\"isolation\":");
     json_cstr(b, r->isolation[0] ? r->isolation : NULL);

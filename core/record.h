@@ -17,18 +17,21 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-enum record_owner { RECORD_SERVE, RECORD_RUN };
+/* serve: a listening server's session, adopted or removed by the next one; run and
+ * stdio: a process's own (`stockade run`; `stockade serve` on stdio, `stockade mcp`),
+ * over when that process is. */
+enum record_owner { RECORD_SERVE, RECORD_RUN, RECORD_STDIO };
 enum record_state { RECORD_OPEN, RECORD_CLOSING };
 
 struct session_record {
     char id[65];
-    enum record_owner owner;    /* serve: a server's session; run: `stockade run`'s */
+    enum record_owner owner;
     enum record_state state;    /* closing: its root is being removed */
     bool kept;                  /* `stockade run --session ID`: never expires */
     bool service_uid;           /* uid is a service uid held under /run/stockade/uids */
     uid_t uid;
     uid_t client_uid;           /* serve: the peer that opened it (who may reattach) */
-    pid_t pid;                  /* run: the process that made it */
+    pid_t pid;                  /* run, stdio: the process that made it */
     char isolation[16];
     char policy_sha256[65];
     int64_t created_ms;         /* wall clock */
@@ -49,6 +52,7 @@ int record_remove(const char *state_dir, const char *id);
 void record_clear(struct session_record *r);
 /* A copy of a labels list (key, value, ..., NULL), or NULL for NULL. */
 char **record_labels_copy(char *const *labels);
+const char *record_owner_name(enum record_owner o);
 /* The ids of the records, and of the roots, in STATE_DIR (malloc'd, NULL-terminated,
  * sorted). NULL with errno when the dir cannot be read (a missing dir is an empty list). */
 char **record_ids(const char *state_dir);

@@ -150,6 +150,11 @@ struct server {
 
 /* ---- small helpers ------------------------------------------------------------------ */
 
+/* A listening server owns its state dir: one at a time (the lock), and its sessions
+ * outlive it (recovery). On stdio (`serve` for one orchestrator, `mcp`) the sessions are
+ * the process's own and end with it, like `stockade run`'s: several may share a dir. */
+static bool owns_state_dir(const struct server_opts *opts) { return opts->listen_path != NULL; }
+
 static struct srv_session *session_find(struct server *srv, const char *id)
 {
     for (struct srv_session *ss = srv->sessions; ss; ss = ss->next)
@@ -730,7 +735,9 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
         fuse_ms = fuse_ms > 0 && fuse_ms < to->fuse_ms ? fuse_ms : to->fuse_ms;
         int64_t now = wall_ms();
         struct session_record rec = {
-            .owner = RECORD_SERVE, .client_uid = conn->uid, .created_ms = now,
+            .owner = owns_state_dir(srv->opts) ? RECORD_SERVE : RECORD_STDIO,
+            .pid = owns_state_dir(srv->opts) ? 0 : getpid(), .client_uid = conn->uid,
+            .created_ms = now,
             .ttl_ms = ttl_ms, .lease_at_ms = now + ttl_ms + ttl_ms / 2,
             .fuse_at_ms = now + fuse_ms, .labels = labels,
         };
@@ -2344,9 +2351,9 @@ struct server *server_new(const struct server_opts *opts)
     /* one server per state dir: two would each take the other's sessions for orphans
      * (after an upgrade, the lock the previous image held is ours already) */
     srv->state_lock_fd = inherited_fd(ENV_LOCK_FD);
-    if (srv->state_lock_fd < 0)
+    if (srv->state_lock_fd < 0 && owns_state_dir(opts))
         srv->state_lock_fd = record_lock_state_dir(srv->state_dir, &err);
-    if (srv->state_lock_fd < 0)
+    if (srv->state_lock_fd < 0 && owns_state_dir(opts))
         die("%s", err);
     srv->listen_fd = inherited_fd(ENV_LISTEN_FD);   /* after an upgrade; else made later */
 
@@ -2379,7 +2386,8 @@ struct server *server_new(const struct server_opts *opts)
     srv->drain_timer.data = srv;
     ev_timer_init(&srv->accept_retry, on_accept_retry, 0, 0);
     srv->accept_retry.data = srv;
-    server_recover(srv);
+    if (owns_state_dir(opts))
+        server_recover(srv);
     ev_timer_init(&srv->sampler, on_sample, 1.0, 1.0);
     srv->sampler.data = srv;
     ev_timer_init(&srv->metrics_timer, on_metrics, 0,

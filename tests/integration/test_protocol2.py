@@ -30,7 +30,12 @@ def serve(stockade, state_dir, tmp_path):
     servers = []
 
     def start(policy=POLICY, args=(), listen=False, raw=False):
-        s = ServeProc(stockade, state_dir, policy, args, listen=listen, raw=raw,
+        # a listening server owns its state dir: a second one gets a dir of its own
+        sd = state_dir
+        if listen and any(s.sock_path for s in servers):
+            sd = os.path.join(state_dir, f"second-{len(servers)}")
+            os.mkdir(sd, 0o755)
+        s = ServeProc(stockade, sd, policy, args, listen=listen, raw=raw,
                       log_dir=str(tmp_path))
         servers.append(s)
         return s
@@ -416,7 +421,8 @@ def test_socket_options_are_checked(stockade, state_dir, args):
 def test_a_live_socket_is_not_taken_over(serve, stockade, state_dir):
     first = serve(listen=True)
     c = first.connect()
-    cp = subprocess.run([stockade, "serve", "--policy", POLICY, "--state-dir", state_dir,
+    other = os.path.join(state_dir, "other")    # the state dir is the first one's too
+    cp = subprocess.run([stockade, "serve", "--policy", POLICY, "--state-dir", other,
                          "--listen", "unix:" + first.sock_path],
                         capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
     assert cp.returncode != 0 and b"address in use" in cp.stderr, cp.stderr

@@ -206,3 +206,34 @@ def test_records_out_of_the_tools_reach(servers, state_dir):
                             f"ls $AGENT_ROOT/../../records"])
     assert b"owner" not in r.stdout and b"nosy" not in r.stdout, r.stdout
     assert not os.path.exists(os.path.join(state_dir, "records", "planted"))
+
+
+def test_stdio_servers_share_a_state_dir(stockade, state_dir, tmp_path):
+    """On stdio the sessions are the server process's own (they end with its
+    orchestrator's pipe): several may share a state dir, next to a listening server, and
+    what a killed one leaves is `stockade sessions gc`'s once its process is gone."""
+    from serve_helpers import ServeProc
+    a = ServeProc(stockade, state_dir, PROCESS_POLICY, log_dir=str(tmp_path))
+    b = ServeProc(stockade, state_dir, PROCESS_POLICY, log_dir=str(tmp_path))
+    try:
+        sa = a.client.open_session(session_id="from-a")
+        sb = b.client.open_session(session_id="from-b")
+        assert sa.call("sh", ["-c", "echo a > $AGENT_ROOT/workspace/f"]).ok
+        assert sb.call("echo", ["b"]).ok
+        [ea] = [e for e in json.loads(sessions_cli(stockade, state_dir, "list", "--json").stdout)
+                ["sessions"] if e["session_id"] == "from-a"]
+        assert ea["record"]["owner"] == "stdio" and ea["record"]["pid"] == a.pid
+        # a live one's session is not gc's, nor rm's
+        assert json.loads(sessions_cli(stockade, state_dir, "gc", "--json").stdout) == \
+            {"removed": []}
+        cp = sessions_cli(stockade, state_dir, "rm", "from-a", check=False)
+        assert cp.returncode == 1 and "still running" in cp.stderr, cp.stderr
+        os.kill(a.pid, signal.SIGKILL)
+        a.proc.wait(10)
+        out = json.loads(sessions_cli(stockade, state_dir, "gc", "--json").stdout)
+        assert out == {"removed": [{"session_id": "from-a", "status": "expired"}]}
+        assert sessions_left(state_dir) == ["from-b"]
+        assert sb.call("echo", ["still"]).stdout == b"still\n"
+    finally:
+        a.stop()
+        b.stop()
