@@ -90,25 +90,6 @@ static char *label_decode(const char *s)
     return out;
 }
 
-static size_t labels_count(char *const *labels)
-{
-    size_t n = 0;
-    while (labels && labels[n])
-        n++;
-    return n;
-}
-
-char **record_labels_copy(char *const *labels)
-{
-    if (!labels)
-        return NULL;
-    size_t n = labels_count(labels);
-    char **copy = xcalloc(n + 1, sizeof *copy);
-    for (size_t i = 0; i < n; i++)
-        copy[i] = xstrdup(labels[i]);
-    return copy;
-}
-
 /* "KEY VALUE", both encoded: appended to r->labels. */
 static bool label_parse(struct session_record *r, char *v)
 {
@@ -122,7 +103,7 @@ static bool label_parse(struct session_record *r, char *v)
         free(value);
         return false;
     }
-    size_t n = labels_count(r->labels);
+    size_t n = strv_len(r->labels);
     r->labels = xrealloc(r->labels, (n + 3) * sizeof *r->labels);
     r->labels[n] = key;
     r->labels[n + 1] = value;

@@ -50,8 +50,6 @@ int record_read(const char *state_dir, const char *id, struct session_record *r)
 int record_remove(const char *state_dir, const char *id);
 /* Free what r holds (not r). */
 void record_clear(struct session_record *r);
-/* A copy of a labels list (key, value, ..., NULL), or NULL for NULL. */
-char **record_labels_copy(char *const *labels);
 const char *record_owner_name(enum record_owner o);
 /* The ids of the records, and of the roots, in STATE_DIR (malloc'd, NULL-terminated,
  * sorted). NULL with errno when the dir cannot be read (a missing dir is an empty list). */

@@ -941,7 +941,7 @@ static void session_adopted_add(struct server *srv, struct session *s,
     ss->s = s;
     ss->srv = srv;
     ss->owner_uid = r->client_uid;
-    ss->labels = record_labels_copy(r->labels);
+    ss->labels = strv_dup(r->labels);
     ss->ttl_ms = r->ttl_ms > 0 ? r->ttl_ms : srv->policy->timeouts.lease_ms;
     int64_t fuse_ms = r->fuse_at_ms - now;
     ev_timer_init(&ss->lease, on_lease, 0, (double)ss->ttl_ms / 1000.0);

@@ -216,7 +216,7 @@ static bool session_record_create(struct session *s, bool reuse,
 {
     struct session_record *r = xcalloc(1, sizeof *r);
     *r = *rec;
-    r->labels = record_labels_copy(rec->labels);
+    r->labels = strv_dup(rec->labels);
     snprintf(r->id, sizeof r->id, "%s", s->id);
     r->uid = s->uid;
     r->service_uid = s->drop_user;
@@ -369,7 +369,7 @@ struct session *session_adopt(const char *state_dir, const struct session_record
         goto fail;
     s->record = xcalloc(1, sizeof *s->record);
     *s->record = *rec;
-    s->record->labels = record_labels_copy(rec->labels);
+    s->record->labels = strv_dup(rec->labels);
     s->keep_root = false;
     return s;
 fail:;

@@ -384,6 +384,25 @@ void strv_free(char **v)
     free(v);
 }
 
+size_t strv_len(char *const *v)
+{
+    size_t n = 0;
+    while (v && v[n])
+        n++;
+    return n;
+}
+
+char **strv_dup(char *const *v)
+{
+    if (!v)
+        return NULL;
+    size_t n = strv_len(v);
+    char **copy = xcalloc(n + 1, sizeof *copy);
+    for (size_t i = 0; i < n; i++)
+        copy[i] = xstrdup(v[i]);
+    return copy;
+}
+
 void *xgrow(void *v, size_t *cap, size_t n, size_t size, size_t first)
 {
     if (n < *cap)

@@ -38,6 +38,8 @@ char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void *xgrow(void *v, size_t *cap, size_t n, size_t size, size_t first);
 /* Free a NULL-terminated array of strings and the array; NULL is fine. */
 void strv_free(char **v);
+size_t strv_len(char *const *v);            /* 0 for NULL */
+char **strv_dup(char *const *v);            /* NULL for NULL */
 
 /* A growable byte buffer; `data` is always NUL-terminated for convenience. */
 struct buf {

@@ -63,14 +63,6 @@ static char *next_str(char **p, char *end)
     return s;
 }
 
-static size_t strv_len(char *const *v)
-{
-    size_t n = 0;
-    while (v && v[n])
-        n++;
-    return n;
-}
-
 /* fds travel with the message (SCM_RIGHTS); -1 entries are left out */
 static ssize_t send_with_fds(int sock, const void *data, size_t len, const int *fds, int nfds)
 {
