@@ -11,8 +11,8 @@
  * rename, fsync of the dir.
  *
  * The state dir's lock (STATE_DIR/lock, flock) says which process owns the records: a
- * server holds it exclusively for its life; `stockade sessions rm|gc` hold it while they
- * remove. Pure file-system code: no loop. */
+ * listening server holds it exclusively for its life; `stockade sessions rm|gc` hold it
+ * while they remove. Pure file-system code: no loop. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -56,7 +56,7 @@ const char *record_owner_name(enum record_owner o);
 char **record_ids(const char *state_dir);
 char **record_root_ids(const char *state_dir);
 /* True when the record's lease or fuse has run out at wall time now, or it was being
- * closed; a run's when its process is gone; a kept one never. */
+ * closed; a run's or a stdio server's when its process is gone; a kept one never. */
 bool record_expired(const struct session_record *r, int64_t now);
 /* The record as one JSON object, for `stockade sessions --json`. */
 struct buf;
