@@ -27,6 +27,12 @@ struct run_ctx {
     ev_signal sigint, sigterm;
 };
 
+/* After a long policy hook: timers armed next must count from the true time. */
+static void refresh_loop_clock(void *loop)
+{
+    ev_now_update(loop);
+}
+
 static void on_run_done(struct call *c, void *ud)
 {
     struct run_ctx *ctx = ud;
@@ -171,6 +177,7 @@ int cli_run(int argc, char **argv)
     if (!loop)
         die("cannot create the event loop");
     proc_init(loop);
+    policy_set_clock_refresh(refresh_loop_clock, loop);
 
     if (sandbox_seccomp_prepare() < 0)
         die_errno("compiling the seccomp filter");

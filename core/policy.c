@@ -1,5 +1,6 @@
 #include "policy.h"
 #include "lua_embed.h"
+#include "lua_match.h"
 #include "util.h"
 
 #include <errno.h>
@@ -81,6 +82,54 @@ static void count_hook(lua_State *L, lua_Debug *ar)
         luaL_error(L, "instruction budget exceeded");
 }
 
+/* Steps of C functions that run outside the instruction hook (pattern matching: see
+ * lua_match.c), charged to the same budget; over it, the same abort. */
+static void charge_steps(lua_State *L, int64_t steps)
+{
+    struct policy *p = policy_of(L);
+    p->instr_used += steps;
+    if (!p->over_budget &&
+        (p->instr_used > p->instr_limit || now_ms() > p->hook_deadline_ms)) {
+        p->over_budget = true;
+        lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
+    }
+    if (p->over_budget)
+        luaL_error(L, "instruction budget exceeded");
+}
+
+static policy_clock_fn clock_refresh;
+static void *clock_refresh_ud;
+
+void policy_set_clock_refresh(policy_clock_fn fn, void *ud)
+{
+    clock_refresh = fn;
+    clock_refresh_ud = ud;
+}
+
+const char *policy_last_error(const struct policy *p)
+{
+    return p->last_error;
+}
+
+/* "file:line" where the running tool's hook `hook` is defined, or NULL. */
+static char *hook_where(struct policy *p, const char *hook)
+{
+    lua_State *L = p->L;
+    if (!p->hook_tool || !lua_checkstack(L, 4))
+        return NULL;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, p->hook_tool->ref);
+    char *where = NULL;
+    if (lua_istable(L, -1) && lua_getfield(L, -1, hook) == LUA_TFUNCTION) {
+        lua_Debug ar;
+        if (lua_getinfo(L, ">S", &ar) && ar.linedefined > 0)
+            where = xasprintf("%s:%d", ar.short_src, ar.linedefined);
+        lua_pop(L, 1);
+    } else {
+        lua_pop(L, lua_istable(L, -1) ? 2 : 1);
+    }
+    return where;
+}
+
 static int message_handler(lua_State *L)
 {
     const char *msg = lua_tostring(L, 1);
@@ -111,16 +160,25 @@ enum policy_rc policy_pcall(struct policy *p, int nargs, int nres, const char *h
     p->instr_used = 0;
     p->over_budget = false;
     p->out_of_memory = false;
-    p->hook_deadline_ms = now_ms() + HOOK_WALL_MS;
+    free(p->last_error);
+    p->last_error = NULL;
+    int64_t started = now_ms();
+    p->hook_deadline_ms = started + HOOK_WALL_MS;
     lua_sethook(L, count_hook, LUA_MASKCOUNT | (p->loading ? LUA_MASKLINE : 0),
                 HOOK_COUNT_STEP);
     int rc = lua_pcall(L, nargs, nres, fn);
     /* The shared tail: always disarm the hook and drop the handler. */
     lua_sethook(L, NULL, 0, 0);
     lua_remove(L, fn);
+    /* A hook may have held the loop for up to its wall budget: whoever caches the time
+     * must not arm the next timer on a stale clock. */
+    if (clock_refresh && now_ms() > started)
+        clock_refresh(clock_refresh_ud);
 
-    if (rc == LUA_OK)
+    if (rc == LUA_OK) {
+        p->hook_tool = NULL;
         return POLICY_OK;
+    }
     enum policy_rc out = p->out_of_memory || rc == LUA_ERRMEM ? POLICY_NOMEM
                          : p->over_budget                     ? POLICY_TIMEOUT
                                                               : POLICY_ERR;
@@ -128,8 +186,17 @@ enum policy_rc policy_pcall(struct policy *p, int nargs, int nres, const char *h
                 : out == POLICY_TIMEOUT ? xstrdup("instruction budget exceeded")
                                         : first_line(lua_tostring(L, -1));
     lua_pop(L, 1);
-    if (out != POLICY_ERR || log_threshold >= LOG_DEBUG)
-        LOG_W("policy %s: hook %s: %s", p->path, hook, msg);
+    /* Every failure is logged where an operator looks: the tool, the hook and where
+     * the hook is defined, since the fallback the caller applies is silent. */
+    if (p->hook_tool) {
+        char *where = hook_where(p, hook);
+        LOG_W("policy %s: tool %s: hook %s%s%s%s: %s", p->path,
+              p->hook_tool ? p->hook_tool->name : "-", hook, where ? " (" : "",
+              where ? where : "", where ? ")" : "", msg);
+        free(where);
+    }
+    p->hook_tool = NULL;
+    p->last_error = xstrdup(msg);
     if (err)
         *err = msg;
     else
@@ -253,8 +320,8 @@ static int l_policy_require(lua_State *L)
             lua_pop(L, 1);
             lua_pushboolean(L, 1);
         }
-        lua_pushvalue(L, -1);
-        lua_setfield(L, 2, name);       /* loaded[name] */
+        /* Not cached: each require runs the plugin afresh, so no plugin can change a
+         * table that the policy or another plugin reads later (secrets.default = {}). */
         return 1;
     }
     return luaL_error(L, "module '%s' not found in the plugin directories", name);
@@ -272,12 +339,44 @@ static int l_strict_newindex(lua_State *L)
 }
 
 /* The functions of the base library a policy may use. Not: load, loadfile, dofile,
- * collectgarbage, and of course no io, os, debug or package. */
+ * collectgarbage, and of course no io, os, debug or package; setmetatable is wrapped. */
 static const char *const safe_base[] = {
     "assert", "error", "ipairs", "next", "pairs", "pcall", "rawequal", "rawget", "rawlen",
-    "rawset", "select", "setmetatable", "getmetatable", "tonumber", "tostring", "type",
+    "rawset", "select", "getmetatable", "tonumber", "tostring", "type",
     "xpcall", "_VERSION", NULL,
 };
+
+/* setmetatable without finalizers: a __gc runs when the collector decides, outside any
+ * hook's budget, and at lua_close; one that loops would hang the server. (Lua marks an
+ * object for finalization only if __gc is present when the metatable is set.) */
+static int l_policy_setmetatable(lua_State *L)
+{
+    lua_settop(L, 2);
+    if (lua_type(L, 2) == LUA_TTABLE) {
+        lua_pushliteral(L, "__gc");
+        if (lua_rawget(L, 2) != LUA_TNIL)
+            return luaL_error(L, "setmetatable: __gc is not allowed in a policy (a "
+                                 "finalizer runs outside every budget)");
+        lua_pop(L, 1);
+    }
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, 2, 1);
+    return 1;
+}
+
+/* A copy of the library table at idx, pushed. */
+static void push_lib_copy(lua_State *L, int idx)
+{
+    idx = lua_absindex(L, idx);
+    lua_newtable(L);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pushvalue(L, -2);
+        lua_insert(L, -2);
+        lua_settable(L, -4);
+    }
+}
 static const char *const safe_libs[] = {"string", "table", "math", "utf8", NULL};
 
 /* Build the template of a policy environment once per state (at key_policy_env_base). */
@@ -289,17 +388,12 @@ static void build_env_base(lua_State *L)
         lua_setfield(L, -2, *n);
     }
     for (const char *const *n = safe_libs; *n; n++) {
-        lua_newtable(L);            /* a copy, so a policy cannot patch the shared one */
         lua_getglobal(L, *n);
-        lua_pushnil(L);
-        while (lua_next(L, -2)) {
-            lua_pushvalue(L, -2);
-            lua_insert(L, -2);
-            lua_settable(L, -5);
-        }
-        lua_pop(L, 1);
-        lua_setfield(L, -2, *n);
+        lua_setfield(L, -2, *n);    /* copied again for each environment (push_env) */
     }
+    lua_getglobal(L, "setmetatable");
+    lua_pushcclosure(L, l_policy_setmetatable, 1);
+    lua_setfield(L, -2, "setmetatable");
     lua_pushcfunction(L, l_policy_print);
     lua_setfield(L, -2, "print");
     lua_pushcfunction(L, l_policy_require);
@@ -307,7 +401,9 @@ static void build_env_base(lua_State *L)
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_policy_env_base);
 }
 
-/* Push a fresh environment: a copy of the base, then locked (unknown globals are errors). */
+/* Push a fresh environment: a copy of the base with its own copies of the libraries (a
+ * plugin that patches string.gsub patches its own), then locked (unknown globals are
+ * errors). */
 static void push_env(lua_State *L, bool strict)
 {
     lua_newtable(L);
@@ -319,6 +415,12 @@ static void push_env(lua_State *L, bool strict)
         lua_settable(L, -5);
     }
     lua_pop(L, 1);
+    for (const char *const *n = safe_libs; *n; n++) {
+        lua_getfield(L, -1, *n);
+        push_lib_copy(L, -1);
+        lua_setfield(L, -3, *n);
+        lua_pop(L, 1);
+    }
     lua_pushvalue(L, -1);
     lua_setfield(L, -2, "_G");
     if (strict) {
@@ -373,11 +475,22 @@ static int open_state(lua_State *L)
         luaL_requiref(L, l->name, l->func, 1);
         lua_pop(L, 1);
     }
-    /* string.dump makes binary chunks; the string metatable reaches the real table. */
+    /* string.dump makes binary chunks. */
     lua_getglobal(L, "string");
     lua_pushnil(L);
     lua_setfield(L, -2, "dump");
     lua_pop(L, 1);
+    /* Matching charged to the hook's budget, in the real table (reached through every
+     * string's metatable) before any copy is made. */
+    lua_match_set_charge(charge_steps);
+    lua_match_install(L);
+    /* The string metatable is shared by the engine and every policy and plugin: locked,
+     * so no one reaches the real string table through getmetatable(""). */
+    lua_pushliteral(L, "");
+    lua_getmetatable(L, -1);
+    lua_pushboolean(L, 0);
+    lua_setfield(L, -2, "__metatable");
+    lua_pop(L, 2);
     build_env_base(L);
     lua_newtable(L);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_loaded);
@@ -412,10 +525,6 @@ static int open_state(lua_State *L)
     int schema = lua_gettop(L);
     lua_getfield(L, cjson, "null");
     lua_setfield(L, schema, "null");
-    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_loaded);
-    lua_pushvalue(L, schema);
-    lua_setfield(L, -2, "stockade.schema");
-    lua_pop(L, 1);
 
     static const luaL_Reg core_fns[] = {
         {"duration", l_core_duration}, {"size", l_core_size}, {"where", l_core_where},
@@ -428,13 +537,20 @@ static int open_state(lua_State *L)
     lua_pushvalue(L, schema);
     lua_setfield(L, -2, "schema");
     load_embedded(L, "stockade", 1);
+    /* what policies get is read-only all the way down (stockade.lua); the schema
+     * module's raw table stays the engine's alone */
     lua_rawgetp(L, LUA_REGISTRYINDEX, &key_loaded);
     lua_pushvalue(L, -2);
     lua_setfield(L, -2, "stockade");
+    lua_getfield(L, -2, "schema");
+    lua_setfield(L, -2, "stockade.schema");
     lua_pop(L, 2);
 
     lua_pushvalue(L, schema);
-    load_embedded(L, "engine", 1);
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, lua_match_check);
+    lua_setfield(L, -2, "check_pattern");
+    load_embedded(L, "engine", 2);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_engine);
     lua_settop(L, 0);
     return 0;
@@ -866,6 +982,7 @@ void policy_unref(struct policy *p)
     free(p->env_path);
     strv_free(p->env_allow);
     strv_free(p->env_deny);
+    free(p->last_error);
     free(p);
 }
 
@@ -903,6 +1020,7 @@ static void push_call_view(lua_State *L, const struct policy_call_view *v)
 /* Push the tool's hook `name`; false (nothing pushed) when absent. */
 static bool push_hook(lua_State *L, const struct tool_def *t, const char *name)
 {
+    policy_of(L)->hook_tool = t;
     lua_rawgeti(L, LUA_REGISTRYINDEX, t->ref);
     lua_getfield(L, -1, name);
     lua_remove(L, -2);
@@ -1112,6 +1230,7 @@ static int l_core_paths_beneath(lua_State *L)
 /* Push engine[fn], P and the tool's name. */
 static void push_engine_call(lua_State *L, const char *fn, const struct tool_def *t)
 {
+    policy_of(L)->hook_tool = t;
     lua_rawgetp(L, LUA_REGISTRYINDEX, &key_engine);
     lua_getfield(L, -1, fn);
     lua_remove(L, -2);

@@ -70,6 +70,8 @@ struct policy {
     int64_t instr_used, instr_limit;
     int64_t hook_deadline_ms;
     bool over_budget, out_of_memory;
+    const struct tool_def *hook_tool;   /* whose hook runs now, for the log */
+    char *last_error;           /* the last hook failure, for `stockade test` */
     bool loading;               /* the policy file itself is running */
     int load_line;              /* its current line, while loading */
 };
@@ -146,6 +148,15 @@ bool policy_env_allowed(const struct policy *p, const struct tool_def *t, const 
  * timeouts, limits, env, mounts, network; hook functions as {kind="function", where,
  * source}. For the CI gates and tests. */
 void policy_describe(struct policy *p, struct lua_State *to);
+
+/* The last hook failure's message (NULL after a hook that succeeded): what `stockade
+ * test` returns as the error of a hook that fell back to its default. */
+const char *policy_last_error(const struct policy *p);
+
+/* Called after every hook with the time it took, by the owner of an event loop whose
+ * cached clock must not lag behind a long hook (ev_now_update). */
+typedef void (*policy_clock_fn)(void *ud);
+void policy_set_clock_refresh(policy_clock_fn fn, void *ud);
 
 /* The budgeted entry into Lua, exposed for tests: the function and its nargs arguments
  * are on the stack; leaves nres results on OK, nothing otherwise. */

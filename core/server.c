@@ -155,6 +155,12 @@ struct server {
  * the process's own and end with it, like `stockade run`'s: several may share a dir. */
 static bool owns_state_dir(const struct server_opts *opts) { return opts->listen_path != NULL; }
 
+/* After a long policy hook: timers armed next must count from the true time. */
+static void refresh_loop_clock(void *loop)
+{
+    ev_now_update(loop);
+}
+
 static struct srv_session *session_find(struct server *srv, const char *id)
 {
     for (struct srv_session *ss = srv->sessions; ss; ss = ss->next)
@@ -2371,6 +2377,7 @@ struct server *server_new(const struct server_opts *opts)
     if (!srv->loop)
         die("cannot create the event loop");
     proc_init(srv->loop);
+    policy_set_clock_refresh(refresh_loop_clock, srv->loop);
     ev_signal_init(&srv->sighup, on_signal, SIGHUP);
     ev_signal_init(&srv->sigterm, on_signal, SIGTERM);
     ev_signal_init(&srv->sigint, on_signal, SIGINT);

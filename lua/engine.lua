@@ -2,7 +2,9 @@
 -- points — argv from structured args, streaming redaction, classification, output
 -- checks. The core calls these through its one budgeted entry (core/policy.c) with
 -- copies of data; everything returned is checked again in C.
-local schema = ...        -- the stockade.schema module, handed over by the loader
+-- the stockade.schema module and the core's helpers (check_pattern), handed over by the
+-- loader; nothing here is reachable by a policy
+local schema, core = ...
 
 local E = {}
 
@@ -76,8 +78,8 @@ local function add_redactors(out, r, where)
                         replace = r.replace or "[REDACTED]", name = r.name or where }
     else
       if type(r.pattern) ~= "string" then error(where .. ": pattern must be a string", 0) end
-      local ok, err = pcall(string.find, "", r.pattern)
-      if not ok then error(where .. ": bad pattern: " .. tostring(err), 0) end
+      local ok, err = core.check_pattern(r.pattern)
+      if not ok then error(where .. ": malformed pattern: " .. tostring(err), 0) end
       local window = r.window
       if math.type(window) ~= "integer" or window < 1 or window > MAX_CARRY then
         error(where .. ": window must be an integer from 1 to " .. MAX_CARRY, 0)

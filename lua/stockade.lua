@@ -164,7 +164,8 @@ local TOOL = {
   env = list_of_strings, limits = LIMITS,
 }
 
-local tool_mark = {}
+-- Tools made by stockade.tool{}: a private set, not a metatable anyone could reach.
+local made_tools = setmetatable({}, { __mode = "k" })
 
 function M.tool(t)
   local at = where(2)
@@ -174,7 +175,8 @@ function M.tool(t)
     fail(at, "path: must be absolute (no PATH lookup), got %q", tool.path)
   end
   tool.at = at
-  return setmetatable(tool, tool_mark)
+  made_tools[tool] = true
+  return tool
 end
 
 local POLICY = {
@@ -217,7 +219,7 @@ function M.policy(t)
     if type(name) ~= "string" or not name:match("^[%w_.-]+$") then
       fail(at, "tools: bad tool name %s", tostring(name))
     end
-    if getmetatable(tool) ~= tool_mark then
+    if not made_tools[tool] then
       fail(at, "tools.%s: must be made with stockade.tool{}", name)
     end
     if tool.timeout and tool.timeout > p.timeouts.call_max then
@@ -229,4 +231,23 @@ function M.policy(t)
   return p
 end
 
-return M
+-- The module is shared by the policy and every plugin it requires: read-only all the
+-- way down, so a plugin cannot swap stockade.paths_beneath or schema.validate for
+-- everyone else. The proxy reads a snapshot no one else holds.
+local function readonly(t)
+  local shadow = {}
+  for k, v in pairs(t) do
+    shadow[k] = type(v) == "table" and readonly(v) or v
+  end
+  return setmetatable({}, {
+    __index = shadow,
+    __newindex = function(_, k)
+      error("the stockade module is read-only (assignment to " .. tostring(k) .. ")", 2)
+    end,
+    __pairs = function() return next, shadow, nil end,
+    __len = function() return #shadow end,
+    __metatable = false,
+  })
+end
+
+return readonly(M)

@@ -103,3 +103,30 @@ def test_broken_reload_keeps_the_working_policy(serve, tmp_path):
     s = c.open_session()
     assert s.call("slowecho", ["-c", "echo alpha-secret"]).stdout == b"[A]\n"
     s.close()
+
+
+def test_a_long_hook_leaves_the_clock_true(tmp_path):
+    """Two calls pipelined in one read: the first one's accept hook runs until its wall
+    budget (1 s) stops it; the second (sleep 0.8 under a 1.5 s timeout) is decided in
+    the same loop turn. Its timeout must count from when it started, not from the loop's
+    cached time before the hook."""
+    from serve_helpers import ServeProc
+    os.chmod(tmp_path, 0o755)
+    sp = ServeProc(BIN, str(tmp_path), os.path.join(FIXTURES, "stale_clock.lua"), raw=True)
+    try:
+        raw = sp.raw
+        sid = raw.call_ok("session.open", {})["session_id"]
+        import msgpack
+        first, second = 9001, 9002
+        raw.send_bytes(
+            msgpack.packb([0, first, "call", {"session_id": sid, "tool": "slowhook",
+                                              "argv": []}], use_bin_type=True) +
+            msgpack.packb([0, second, "call", {"session_id": sid, "tool": "sleep",
+                                               "argv": ["0.8"]}], use_bin_type=True))
+        err, r1 = raw.response(first)
+        assert err is None and r1["class"] == "POLICY_VIOLATION", (err, r1)
+        err, r2 = raw.response(second)
+        assert err is None, err
+        assert r2["class"] == "OK", r2
+    finally:
+        sp.stop()
