@@ -97,6 +97,7 @@ static void classify_limits(struct call *c)
         {"MemoryError", "memory limit reached"},
         {"out of memory", "memory limit reached"},
         {"Resource temporarily unavailable", "process limit reached"},
+        {"Cannot fork", "process limit reached"},       /* dash */
         {"Too many open files", "open-file limit reached"},
         {"File size limit exceeded", "file size limit reached"},
     };
@@ -441,10 +442,15 @@ static void classify(struct call *c, const struct shim_report *rep)
                    c->kill_layer);
         return;
     }
-    if (rep->killed_for == SHIM_KILLED_MEMORY) {
+    if (rep->killed_for == SHIM_KILLED_MEMORY || rep->killed_for == SHIM_KILLED_PROCESSES) {
+        struct spawn_limits l = call_spawn_limits(c->policy, c->tool);
         set_result(c, CLASS_RESOURCE_LIMIT, false,
-                   xasprintf("the call's processes together went over the memory limit of "
-                             "%lld MiB", (long long)(c->policy->limits.memory >> 20)), NULL);
+                   rep->killed_for == SHIM_KILLED_MEMORY
+                       ? xasprintf("the call's processes together went over the memory "
+                                   "limit of %lld MiB", (long long)(l.memory >> 20))
+                       : xasprintf("the call went over its limit of %lld processes",
+                                   (long long)l.processes),
+                   NULL);
         return;
     }
     if (rep->killed_for == SHIM_KILLED_DISK || rep->killed_for == SHIM_KILLED_INODES) {
@@ -664,6 +670,23 @@ bool call_decide(struct policy *policy, const char *session_id, const char *sess
 
 static const char *const strict_tmp_paths[] = {"/tmp", "/var/tmp", NULL};
 
+/* The tool's own limits where it sets them, the policy's elsewhere. */
+struct spawn_limits call_spawn_limits(const struct policy *policy, const struct tool_def *t)
+{
+    const struct policy_limits *p = &policy->limits;
+    const struct tool_limits *o = &t->limits;
+    return (struct spawn_limits){
+        .cpu_s = (policy->timeouts.cpu_ms + 999) / 1000,
+        .memory = o->memory > 0 ? o->memory : p->memory,
+        .address_space = o->address_space > 0 ? o->address_space : p->address_space,
+        .file_size = o->file_size > 0 ? o->file_size : p->file_size,
+        .open_files = o->open_files > 0 ? o->open_files : p->open_files,
+        .processes = o->processes > 0 ? o->processes : p->processes,
+        .disk = p->disk,            /* per session root: the policy's alone */
+        .inodes = p->inodes,
+    };
+}
+
 /* A call in CALL_ACCEPTED: owns *req (emptied), its timers set up, nothing started. */
 static struct call *call_new(struct ev_loop *loop, struct policy *policy,
                              struct session *session, struct call_request *req,
@@ -708,7 +731,6 @@ static int64_t call_timeout(const struct call *c)
 static int call_spawn(struct call *c, int64_t depth)
 {
     const struct policy *policy = c->policy;
-    const struct policy_limits *lim = &policy->limits;
     struct session *session = c->session;
     char **argv = xcalloc(c->req.argc + 2, sizeof *argv);
     argv[0] = c->tool->path;
@@ -726,15 +748,7 @@ static int call_spawn(struct call *c, int64_t depth)
         .drop_user = session->drop_user,
         .uid = session->uid,
         .gid = session->gid,
-        .limits = {
-            .cpu_s = (policy->timeouts.cpu_ms + 999) / 1000,
-            .memory = lim->memory,
-            .file_size = lim->file_size,
-            .open_files = lim->open_files,
-            .processes = lim->processes,
-            .disk = lim->disk,
-            .inodes = lim->inodes,
-        },
+        .limits = call_spawn_limits(policy, c->tool),
         .with_stdin = c->req.stdin_len > 0,
         .landlock = true,
         .seccomp = true,

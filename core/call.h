@@ -127,6 +127,11 @@ struct call_decision {
     int64_t depth;
     bool idempotent;
 };
+/* The limits a call of tool t runs under: the tool's own where it sets them, else the
+ * policy's. */
+struct tool_def;
+struct spawn_limits call_spawn_limits(const struct policy *policy, const struct tool_def *t);
+
 bool call_decide(struct policy *policy, const char *session_id, const char *session_root,
                  struct call_request *req, struct call_decision *d);
 

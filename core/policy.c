@@ -558,10 +558,17 @@ static int open_state(lua_State *L)
 
 /* ---- reading the normalized policy table ------------------------------------------- */
 
+/* t[section][key] as an integer; 0 when either is absent. Raw reads: nothing here may
+ * raise (the loader runs this outside a protected call). */
 static int64_t get_int(lua_State *L, int t, const char *section, const char *key)
 {
-    lua_getfield(L, t, section);
-    lua_getfield(L, -1, key);
+    lua_pushstring(L, section);
+    if (lua_rawget(L, t) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    lua_pushstring(L, key);
+    lua_rawget(L, -2);
     int64_t v = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : 0;
     lua_pop(L, 2);
     return v;
@@ -605,6 +612,7 @@ static void read_settings(struct policy *p, int t)
     to->deadline_min_ms = get_int(L, t, "timeouts", "deadline_min");
     struct policy_limits *li = &p->limits;
     li->memory = get_int(L, t, "limits", "memory");
+    li->address_space = get_int(L, t, "limits", "address_space");
     li->processes = get_int(L, t, "limits", "processes");
     li->file_size = get_int(L, t, "limits", "file_size");
     li->disk = get_int(L, t, "limits", "disk");
@@ -699,6 +707,13 @@ static void read_tools(struct policy *p, int t)
         d->where = get_str(L, tt, "at", "?");
         lua_getfield(L, tt, "timeout");
         d->timeout_ms = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : 0;
+        d->limits = (struct tool_limits){
+            .memory = get_int(L, tt, "limits", "memory"),
+            .address_space = get_int(L, tt, "limits", "address_space"),
+            .processes = get_int(L, tt, "limits", "processes"),
+            .file_size = get_int(L, tt, "limits", "file_size"),
+            .open_files = get_int(L, tt, "limits", "open_files"),
+        };
         lua_getfield(L, tt, "argv");
         d->has_argv = lua_isfunction(L, -1);
         lua_getfield(L, tt, "output");

@@ -19,12 +19,19 @@ struct policy_timeouts {
 };
 
 struct policy_limits {
-    int64_t memory, processes, file_size, open_files, output, stdin_bytes, argv, argv_bytes,
+    int64_t memory;             /* resident memory of a call's whole tree (the shim watches) */
+    int64_t address_space;      /* RLIMIT_AS of each process; 0: none */
+    int64_t processes, file_size, open_files, output, stdin_bytes, argv, argv_bytes,
         sessions, running, depth, lua_memory, lua_instructions;
     int64_t redact_hold;        /* bytes a possibly-growing secret may hold back */
     int64_t disk, inodes;       /* per session root, watched by each call's shim */
     /* alarm thresholds; -1: derived by the server (fds: growth over the baseline) */
     int64_t alarm_zombies, alarm_fds, alarm_rss, alarm_processes, alarm_sessions;
+};
+
+/* A tool's own limits, over the policy's; 0: the policy's. */
+struct tool_limits {
+    int64_t memory, address_space, processes, file_size, open_files;
 };
 
 struct tool_def {
@@ -33,6 +40,7 @@ struct tool_def {
     char *owner;
     char *where;                /* file:line of its stockade.tool{} */
     int64_t timeout_ms;         /* 0: the policy's timeouts.call */
+    struct tool_limits limits;
     int ref;                    /* the tool's Lua table, in the registry */
     bool has_accept;
     bool idempotent_declared;   /* the policy decides, not the request's hint */

@@ -131,9 +131,11 @@ const struct sandbox_caps *sandbox_caps(void)
     }
     caps.available[LAYER_CGROUP] = false;
     snprintf(caps.reason[LAYER_CGROUP], sizeof caps.reason[0],
-             "no delegated cgroup v2 subtree with memory and pids controllers (v2 "
-             "controllers here: '%s'); per-session caps come from RLIMIT_NPROC with the "
-             "session uid and RLIMIT_AS", ctl[0] ? strtok(ctl, "\n") : "none");
+             "not implemented: stockade has no cgroup layer, so delegating a subtree would "
+             "change nothing; a call's tree is held to limits.memory by the shim's "
+             "resident-memory watch and to limits.processes by RLIMIT_NPROC under the "
+             "session uid and the same watch (v2 controllers here: '%s')",
+             ctl[0] ? strtok(ctl, "\n") : "none");
     return &caps;
 }
 

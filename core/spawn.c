@@ -119,7 +119,8 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int cwd_fd, int err
     const struct spawn_limits *l = &req->limits;
     if (set_limit(RLIMIT_CORE, 0, 0) < 0 ||
         (l->cpu_s > 0 && set_limit(RLIMIT_CPU, l->cpu_s, l->cpu_s + 1) < 0) ||
-        (l->memory > 0 && set_limit(RLIMIT_AS, l->memory, l->memory) < 0) ||
+        (l->address_space > 0 &&
+         set_limit(RLIMIT_AS, l->address_space, l->address_space) < 0) ||
         (l->file_size > 0 && set_limit(RLIMIT_FSIZE, l->file_size, l->file_size) < 0) ||
         (l->open_files > 0 && set_limit(RLIMIT_NOFILE, l->open_files, l->open_files) < 0) ||
         (req->drop_user && l->processes > 0 &&
@@ -354,7 +355,8 @@ static int64_t shared_kb(const pid_t *pids, size_t n, bool pid1)
  * segments (shared_kb, which costs a walk of every fd: refreshed only when
  * `refresh_shared`, else *shared reused). What is both mapped and held counts twice:
  * over, never under. */
-static int64_t tree_rss_kb(bool pid1, bool refresh_shared, int64_t *shared)
+static int64_t tree_rss_kb(bool pid1, bool refresh_shared, int64_t *shared,
+                           size_t *count)
 {
     enum { MAX_PIDS = 4096 };
     static pid_t pids[MAX_PIDS];
@@ -372,6 +374,7 @@ static int64_t tree_rss_kb(bool pid1, bool refresh_shared, int64_t *shared)
     } else {
         n = proc_descendants(getpid(), pids, MAX_PIDS);
     }
+    *count = n;
     int64_t total = 0;
     long page_kb = sysconf(_SC_PAGESIZE) / 1024;
     for (size_t i = 0; i < n; i++) {
@@ -541,16 +544,23 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool 
                 rep.swept += live;
             killing = true;
         }
-        /* RLIMIT_AS caps each process; the tree together is watched here, twenty times
-         * a second (no cgroup to do it for us on this kind of host): a tree can overshoot
+        /* The tree's resident memory and its number of processes are watched here,
+         * twenty times a second (no cgroup to do it for us on this kind of host; RLIMIT_AS
+         * is address space, which JITs reserve far beyond use): a tree can overshoot
          * by what it allocates in one interval, never for long. By the clock, not per
          * wake-up: a tree whose children die fast must not starve the watch, and a tool
          * that is over in a few ms never pays for a walk. */
-        if (!killing && req->limits.memory > 0 && now_ms() >= next_watch) {
+        bool tree_watch = req->limits.memory > 0 || req->limits.processes > 0;
+        if (!killing && tree_watch && now_ms() >= next_watch) {
             next_watch = now_ms() + 50;
+            size_t nprocs = 0;
             /* shared memory costs a look at every fd: every fourth watch */
-            if (tree_rss_kb(pid1, watches++ % 4 == 0, &shared) * 1024 > req->limits.memory) {
+            int64_t rss_kb = tree_rss_kb(pid1, watches++ % 4 == 0, &shared, &nprocs);
+            if (req->limits.memory > 0 && rss_kb * 1024 > req->limits.memory)
                 rep.killed_for = SHIM_KILLED_MEMORY;
+            else if (req->limits.processes > 0 && (int64_t)nprocs > req->limits.processes)
+                rep.killed_for = SHIM_KILLED_PROCESSES;
+            if (rep.killed_for) {
                 killing = true;
                 continue;
             }
@@ -565,8 +575,7 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool 
         }
         struct timespec tick = {0, (killing ? 20 : 50) * 1000 * 1000};
         siginfo_t si;
-        bool watching = req->limits.memory > 0 || disk_watch;
-        int sig = sigtimedwait(&set, &si, killing || watching ? &tick : NULL);
+        int sig = sigtimedwait(&set, &si, killing || tree_watch || disk_watch ? &tick : NULL);
         if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
             if (!killing)
                 shim_signal_tree(pid1, SIGTERM);

@@ -13,10 +13,11 @@
 
 struct spawn_limits {           /* 0: leave the inherited limit */
     int64_t cpu_s;              /* RLIMIT_CPU soft; hard = soft + 1 */
-    int64_t memory;             /* RLIMIT_AS */
+    int64_t memory;             /* resident memory of the tree together (the shim watches) */
+    int64_t address_space;      /* RLIMIT_AS of each process */
     int64_t file_size;          /* RLIMIT_FSIZE */
     int64_t open_files;         /* RLIMIT_NOFILE */
-    int64_t processes;          /* RLIMIT_NPROC: only with a dedicated uid */
+    int64_t processes;          /* RLIMIT_NPROC with a dedicated uid; the shim also counts */
     int64_t disk, inodes;       /* the session root's usage, watched by the shim */
 };
 
@@ -61,6 +62,7 @@ enum shim_outcome {
 #define SHIM_KILLED_MEMORY 1        /* the tree together went over limits.memory */
 #define SHIM_KILLED_DISK 2          /* the session root went over limits.disk */
 #define SHIM_KILLED_INODES 3        /* ... over limits.inodes (or deeper than counted) */
+#define SHIM_KILLED_PROCESSES 4     /* the tree had more than limits.processes processes */
 
 struct shim_report {
     uint32_t magic;

@@ -122,9 +122,14 @@ local TIMEOUTS = {
   fuse = is_duration, lease = is_duration, idle_shutdown = is_duration,
   deadline_min = is_duration,
 }
+-- What a tool may set for itself, over the policy's value.
+local TOOL_LIMITS = {
+  memory = is_size, address_space = is_size, processes = is_count, file_size = is_size,
+  open_files = is_count,
+}
 local LIMITS = {
-  memory = is_size, processes = is_count, file_size = is_size, open_files = is_count,
-  disk = is_size, inodes = is_count,
+  memory = is_size, address_space = is_size, processes = is_count, file_size = is_size,
+  open_files = is_count, disk = is_size, inodes = is_count,
   output = is_size, stdin = is_size, argv = is_count, argv_bytes = is_size,
   sessions = is_count, running = is_count, depth = is_count,
   lua_memory = is_size, lua_instructions = is_count,
@@ -139,7 +144,7 @@ local DEFAULTS = {
     lease = 600000, idle_shutdown = 3600000, deadline_min = 100,
   },
   limits = {
-    memory = 512 * 1024 * 1024, processes = 64, file_size = 1024 * 1024 * 1024,
+    memory = 512 * 1024 * 1024, address_space = 0, processes = 64, file_size = 1024 * 1024 * 1024,
     open_files = 256, output = 1024 * 1024, stdin = 1024 * 1024, argv = 64,
     disk = 2 * 1024 * 1024 * 1024, inodes = 100000,
     argv_bytes = 64 * 1024, sessions = 256, running = 64, depth = 4,
@@ -161,7 +166,7 @@ local TOOL = {
   classify = is_function, output = { format = one_of("text", "json"), schema = is_table,
                                      max_depth = is_count },
   probe = is_table,
-  env = list_of_strings, limits = LIMITS,
+  env = list_of_strings, limits = TOOL_LIMITS,
 }
 
 -- Tools made by stockade.tool{}: a private set, not a metatable anyone could reach.

@@ -130,3 +130,55 @@ def test_a_long_hook_leaves_the_clock_true(tmp_path):
         assert r2["class"] == "OK", r2
     finally:
         sp.stop()
+
+
+TOOL_LIMITS = os.path.join(FIXTURES, "tool_limits.lua")
+
+
+def test_tool_memory_limit_holds(serve):
+    s = serve(TOOL_LIMITS).open_session()
+    r = s.call("small_memory", ["-c", "import time; b = b'x' * (100 << 20); time.sleep(2)"])
+    assert r.class_ == "RESOURCE_LIMIT", r
+    assert s.call("sh", ["-c", "echo ok"]).class_ == "OK"
+    s.close()
+
+
+def test_tool_process_limit_holds(serve):
+    s = serve(TOOL_LIMITS).open_session()
+    r = s.call("few_processes", ["-c", "for i in 1 2 3 4 5 6 7 8 9 10; do sleep 2 & done; wait"])
+    assert r.class_ == "RESOURCE_LIMIT", r
+    # the same script under the policy's limit of 64 runs
+    assert s.call("sh", ["-c", "for i in 1 2 3 4 5 6 7 8 9 10; do true & done; wait"]).class_ == "OK"
+    s.close()
+
+
+def test_tool_file_size_limit_holds(serve):
+    s = serve(TOOL_LIMITS).open_session()
+    s.call("small_files", ["-c", "head -c 8388608 /dev/zero > big"])
+    size = os.path.getsize(os.path.join(s.root, "workspace", "big"))
+    assert size <= 1 << 20, size
+    s.close()
+
+
+def test_memory_is_resident_not_address_space(serve):
+    if not os.path.exists("/usr/bin/node"):
+        pytest.skip("no /usr/bin/node")
+    s = serve(TOOL_LIMITS).open_session()
+    r = s.call("node", ["-e", "console.log(1)"])
+    assert r.class_ == "OK" and r.stdout == b"1\n", r
+    # address_space is its own limit, and it holds
+    r = s.call("capped_space", ["-c", "b = b'x' * (128 << 20)"])
+    assert r.class_ == "RESOURCE_LIMIT", r
+    s.close()
+
+
+def test_doctor_suggests_no_fix_that_would_not_help():
+    """There is no cgroup layer: doctor must not send an operator to delegate a
+    subtree, and must say what holds the limits instead."""
+    out = subprocess.run([BIN, "doctor"], capture_output=True, text=True, timeout=60)
+    line = next((l for l in (out.stdout + out.stderr).splitlines()
+                 if l.strip().startswith("cgroup")), None)
+    assert line is not None, out.stdout
+    assert "not implemented" in line, line
+    assert "no delegated" not in line and "RLIMIT_AS" not in line, line
+    assert "limits.memory" in line, line
