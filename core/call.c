@@ -644,6 +644,12 @@ bool call_decide(struct policy *policy, const char *session_id, const char *sess
         req->argc = argc;
         view.argv = argv;
         view.argc = argc;
+    } else if (tool->has_argv && !tool->raw_argv) {
+        /* the argv hook (and the schema before it) is the only way to this tool's
+         * command line: a raw argv would skip both */
+        d->message = xasprintf("tool %s takes structured args (its argv hook builds the "
+                               "command line); raw argv is refused", tool->name);
+        return false;
     }
     size_t argv_bytes = 0;
     for (size_t i = 0; i < req->argc; i++)

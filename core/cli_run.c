@@ -1,6 +1,7 @@
 /* `stockade run`: one call in a fresh session, printed, with the exit status convention
  * of timeout(1). A thin client of the call machinery that `serve` uses. */
 #include "cli.h"
+#include "args_json.h"
 #include "call.h"
 #include "policy.h"
 #include "proc.h"
@@ -11,6 +12,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <msgpack.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +21,9 @@
 
 static const char run_usage[] =
     "usage: stockade run [--policy FILE] [--session ID] [--state-dir DIR] [--timeout DUR]\n"
-    "                    [--stdin] [--json] [--uid-range FIRST-LAST] -- TOOL [ARG...]\n";
+    "                    [--stdin] [--json] [--uid-range FIRST-LAST] -- TOOL [ARG...]\n"
+    "       stockade run [options] --args JSON -- TOOL     (structured args, for tools\n"
+    "                    whose argv hook builds the command line)\n";
 
 struct run_ctx {
     struct ev_loop *loop;
@@ -108,8 +112,9 @@ int cli_run(int argc, char **argv)
         {"state-dir", required_argument, 0, 'd'}, {"timeout", required_argument, 0, 't'},
         {"json", no_argument, 0, 'j'}, {"stdin", no_argument, 0, 'i'},
         {"uid-range", required_argument, 0, 'u'}, {"verbose", no_argument, 0, 'v'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+        {"args", required_argument, 0, 'a'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
+    const char *args_json = NULL;
     const char *policy_path = getenv("STOCKADE_POLICY");
     const char *session_id = NULL, *state_flag = NULL;
     int64_t timeout_ms = 0;
@@ -133,6 +138,7 @@ int cli_run(int argc, char **argv)
                 die("--uid-range: expected FIRST-LAST with 0 < FIRST <= LAST, got '%s'", optarg);
             break;
         case 'v': log_threshold = LOG_DEBUG; break;
+        case 'a': args_json = optarg; break;
         case 'h': fputs(run_usage, stdout); return 0;
         default: fputs(run_usage, stderr); return 125;
         }
@@ -170,6 +176,22 @@ int cli_run(int argc, char **argv)
         req.argv[i] = xstrdup(argv[optind + 1 + (int)i]);
     if (with_stdin)
         req.stdin_data = read_all_stdin(&req.stdin_len, policy->limits.stdin_bytes);
+    msgpack_sbuffer args_buf;
+    msgpack_sbuffer_init(&args_buf);
+    msgpack_unpacked args;
+    msgpack_unpacked_init(&args);
+    if (args_json) {
+        if (req.argc > 0)
+            die("run: --args and ARG... are exclusive (the argv hook builds the command line)");
+        char *why = NULL;
+        size_t off = 0;
+        if (!args_from_json(args_json, &args_buf, &why))
+            die("--args: %s", why);
+        if (msgpack_unpack_next(&args, args_buf.data, args_buf.size, &off) !=
+            MSGPACK_UNPACK_SUCCESS)
+            die("--args: cannot be read back");
+        req.args = &args.data;
+    }
 
     /* A loop of our own, not the default one: libev's default loop reaps every child
      * itself, and reaping belongs to core/proc.c alone. */
@@ -210,6 +232,8 @@ int cli_run(int argc, char **argv)
     ev_signal_init(&ctx.sigterm, on_run_signal, SIGTERM);
     ctx.sigint.data = ctx.sigterm.data = &ctx;
     ctx.call = call_start(loop, policy, session, &req, on_run_done, NULL, &ctx);
+    msgpack_unpacked_destroy(&args);        /* read by call_start only */
+    msgpack_sbuffer_destroy(&args_buf);
     ev_signal_start(loop, &ctx.sigint);
     ev_signal_start(loop, &ctx.sigterm);
     ev_run(loop, 0);

@@ -941,7 +941,7 @@ static void m_tools_list(struct mcp *m, const struct mcp_msg *msg)
 }
 
 /* JSON -> msgpack, for structured args (depth already bounded by the decoder). */
-static void pack_json(msgpack_packer *pk, const json_t *v)
+void mcp_pack_json(msgpack_packer *pk, const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
@@ -950,7 +950,7 @@ static void pack_json(msgpack_packer *pk, const json_t *v)
         json_t *e;
         json_object_foreach((json_t *)v, k, e) {
             rpc_pack_str(pk, k);
-            pack_json(pk, e);
+            mcp_pack_json(pk, e);
         }
         return;
     }
@@ -959,7 +959,7 @@ static void pack_json(msgpack_packer *pk, const json_t *v)
         size_t i;
         json_t *e;
         json_array_foreach(v, i, e)
-            pack_json(pk, e);
+            mcp_pack_json(pk, e);
         return;
     }
     case JSON_STRING:
@@ -1019,12 +1019,12 @@ static void call_send(struct mcp *m, struct pending *p)
     if (p->structured) {
         rpc_pack_key(pk, "args");
         if (p->args)
-            pack_json(pk, p->args);
+            mcp_pack_json(pk, p->args);
         else
             msgpack_pack_map(pk, 0);    /* none given: the schema still decides */
     } else if (p->args) {
         rpc_pack_key(pk, "argv");
-        pack_json(pk, p->args);
+        mcp_pack_json(pk, p->args);
     }
     if (p->progress_token)
         rpc_pack_kv_bool(pk, "stream", true);

@@ -51,6 +51,11 @@ struct mcp_opts {
 struct server;
 struct server_opts;
 struct mcp;
+struct msgpack_packer;
+
+/* A JSON value as msgpack (structured args take the protocol's form); also used by
+ * `stockade run --args`. */
+void mcp_pack_json(struct msgpack_packer *pk, const struct json_t *v);
 
 /* Speak MCP on in_fd / out_fd (borrowed, never closed here) to a connection of srv. */
 struct mcp *mcp_new(struct server *srv, int in_fd, int out_fd, const struct mcp_opts *opts);

@@ -714,6 +714,9 @@ static void read_tools(struct policy *p, int t)
             .file_size = get_int(L, tt, "limits", "file_size"),
             .open_files = get_int(L, tt, "limits", "open_files"),
         };
+        lua_getfield(L, tt, "raw_argv");
+        d->raw_argv = lua_toboolean(L, -1);
+        lua_pop(L, 1);
         lua_getfield(L, tt, "argv");
         d->has_argv = lua_isfunction(L, -1);
         lua_getfield(L, tt, "output");

@@ -47,6 +47,7 @@ struct tool_def {
     bool idempotent;            /* when declared as a boolean */
     bool idempotent_fn;
     bool has_argv;
+    bool raw_argv;              /* with an argv hook: raw argv accepted too (accept checks it) */
     bool has_output_check;      /* output = { format = "json", ... } */
     char **env_allow;           /* names this tool may receive, besides the policy's */
     /* redaction, from engine.init: active when the tool's chain has a redactor */

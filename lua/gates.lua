@@ -1161,7 +1161,7 @@ local function cmd_dry_run(argv)
       local session = "dryrun-" .. n
       local root = tmp .. "/sessions/" .. session
       local result, evidence = nil, {}
-      local probe_argv
+      local probe_argv, probe_args
       if type(probe.argv) == "table" then
         probe_argv = probe.argv
       elseif type(probe.args) == "table" then
@@ -1171,7 +1171,8 @@ local function cmd_dry_run(argv)
         elseif r.class ~= "OK" then
           result = "FAILED " .. r.class .. ": " .. tostring(r.message)
         else
-          probe_argv = r.argv
+          -- run with the args themselves: the tool's argv hook builds the command line
+          probe_argv, probe_args = {}, probe.args
         end
       else
         result = "FAILED PROBE: probe has neither argv nor args"
@@ -1189,8 +1190,9 @@ local function cmd_dry_run(argv)
         for i, m in ipairs(ro_mounts) do before_mounts[i] = snapshot(m) end
         local words = {}
         for i, a in ipairs(probe_argv) do words[i] = q(a) end
-        local cmd = string.format("%s run --json --policy %s --state-dir %s --session %s -- %s %s"
+        local cmd = string.format("%s run --json --policy %s --state-dir %s --session %s %s-- %s %s"
                                   .. " </dev/null 2>&1", q(self), q(d.file), q(tmp), q(session),
+                                  probe_args and ("--args " .. q(json.encode(probe_args)) .. " ") or "",
                                   q(name), table.concat(words, " "))
         local out, code = sh(cmd)
         local uid = tonumber((sh("stat -c %u " .. q(root) .. " 2>/dev/null"):gsub("%s+$", "")))

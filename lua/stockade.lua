@@ -163,6 +163,7 @@ local TOOL = {
     end
     return v
   end,
+  raw_argv = kind("boolean"),
   classify = is_function, output = { format = one_of("text", "json"), schema = is_table,
                                      max_depth = is_count },
   probe = is_table,

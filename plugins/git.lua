@@ -33,6 +33,7 @@ M.refused = {
   push = "publishing is a human step",
   fetch = "git must not reach the network", pull = "git must not reach the network",
   clone = "git must not reach the network", ["ls-remote"] = "git must not reach the network",
+  ["archive"] = "git archive --remote reaches the network; not an agent's tool",
   remote = "remotes are configured by people, not agents",
   config = "git configuration is not the agent's to change",
   credential = "credentials are never handed to tools",
@@ -43,47 +44,111 @@ M.refused = {
   gc = "maintenance is not the agent's job", prune = "maintenance is not the agent's job",
 }
 
--- Options that run a program or change config from the command line: refused anywhere.
-local dangerous_option = {
-  ["--config-env"] = "inline configuration can run programs",
-  ["--exec-path"] = "--exec-path runs programs", ["--upload-pack"] = "--upload-pack runs programs",
-  ["--receive-pack"] = "--receive-pack runs programs",
-}
--- Before the subcommand, -c sets configuration (core.pager, core.sshCommand...); after
--- it, -c means something harmless to the subcommand (grep -c counts).
-local dangerous_global = { ["-c"] = "inline configuration (-c) can run programs" }
+local argv = require "plugins.argv"
 
-local function option_name(arg)
-  return arg:match("^(%-%-[%w-]+)=") or arg
+local PROGRAM = "runs a program named on the command line"
+local CONFIG = "inline configuration can run programs"
+
+-- Global options, before the subcommand (git.c: handle_options). The first operand is
+-- the subcommand.
+M.global = argv.grammar({
+  { "C", nil, "path" }, { "c", nil, "refuse", CONFIG },
+  { nil, "config-env", "refuse", CONFIG }, { nil, "exec-path", "refuse", PROGRAM },
+  { nil, "git-dir", "path" }, { nil, "work-tree", "path" }, { nil, "namespace", "value" },
+  { nil, "super-prefix", "value" }, { nil, "attr-source", "value" },
+  { nil, "list-cmds", "value" },
+}, { stop_at_operand = true })
+
+-- Options of the subcommands (parse-options: abbreviations of long options accepted,
+-- options after operands too). Each subcommand's own value options; what every one
+-- refuses or reads as a file is common.
+local common = {
+  { nil, "upload-pack", "refuse", PROGRAM }, { nil, "receive-pack", "refuse", PROGRAM },
+  { nil, "exec", "refuse", PROGRAM }, { nil, "exec-path", "refuse", PROGRAM },
+  { nil, "config-env", "refuse", CONFIG },
+  { nil, "output", "path" }, { nil, "pathspec-from-file", "path" },
+  { "F", "file", "path" }, { "t", "template", "path" },
+}
+local function sub_grammar(entries)
+  local all = {}
+  for _, e in ipairs(common) do all[#all + 1] = e end
+  for _, e in ipairs(entries) do all[#all + 1] = e end
+  return argv.grammar(all)
+end
+-- diff, log, show share the diff options: -O<orderfile> reads a file
+local diff_options = {
+  { nil, "no-index", "flag" }, { "O", nil, "path" }, { nil, "relative", "optional" }, { "U", "unified", "value" },
+  { nil, "src-prefix", "value" }, { nil, "dst-prefix", "value" },
+  { nil, "diff-filter", "value" }, { "S", nil, "value" }, { "G", nil, "value" },
+  { nil, "find-object", "value" }, { "l", nil, "value" }, { "n", "max-count", "value" },
+  { nil, "skip", "value" }, { nil, "since", "value" }, { nil, "until", "value" },
+  { nil, "author", "value" }, { nil, "committer", "value" }, { nil, "grep", "value" },
+  { nil, "format", "value" }, { nil, "pretty", "optional" }, { nil, "word-diff-regex", "value" },
+  { nil, "color-moved", "optional" }, { nil, "stat", "optional" }, { nil, "abbrev", "optional" },
+}
+M.subcommand = {
+  diff = sub_grammar(diff_options), log = sub_grammar(diff_options),
+  show = sub_grammar(diff_options),
+  grep = sub_grammar {
+    { "O", "open-files-in-pager", "refuse", PROGRAM }, { nil, "no-index", "flag" },
+    { "e", nil, "value" },
+    { "f", nil, "path" }, { "A", "after-context", "value" }, { "B", "before-context", "value" },
+    { "C", "context", "value" }, { "m", "max-count", "value" }, { nil, "max-depth", "value" },
+    { nil, "threads", "value" }, { nil, "color", "optional" },
+  },
+  blame = sub_grammar {
+    { nil, "contents", "path" }, { "S", nil, "path" }, { nil, "ignore-revs-file", "path" },
+    { "L", nil, "value" }, { nil, "ignore-rev", "value" }, { "C", nil, "optional" },
+    { "M", nil, "optional" }, { nil, "abbrev", "optional" },
+  },
+  commit = sub_grammar {
+    { "m", "message", "value" }, { "C", "reuse-message", "value" },
+    { "c", "reedit-message", "value" }, { nil, "fixup", "value" }, { nil, "squash", "value" },
+    { nil, "author", "value" }, { nil, "date", "value" }, { nil, "cleanup", "value" },
+    { "S", "gpg-sign", "optional" }, { nil, "trailer", "value" },
+  },
+}
+M.subcommand.default = sub_grammar {}
+
+-- Subcommands whose operands are files on the host, not revisions or pathspecs in the
+-- repository: every one must stay beneath the session root.
+local function host_operands(sub, parsed)
+  if sub == "apply" then return parsed.operands end
+  if (sub == "diff" or sub == "grep") and argv.has(parsed, "no-index") then
+    local ops = parsed.operands
+    -- grep's first operand is the pattern, unless -e or -f gave it
+    if sub == "grep" and not argv.has(parsed, "e") and not argv.has(parsed, "f") then
+      return { table.unpack(ops, 2) }
+    end
+    return ops
+  end
+  return {}
 end
 
--- The subcommand: the first argument that is not a global option. Global options that
--- take a value (-C path, --git-dir=...) are checked to stay beneath the session root.
+-- The subcommand: the first operand after the global options. Paths among the global
+-- options (-C, --git-dir, --work-tree) must stay beneath the session root. Returns the
+-- subcommand, nil and the index of the subcommand in argv; or nil and a reason.
 function M.parse(call)
-  local argv = call.argv
-  local i = 1
-  while i <= #argv do
-    local a = argv[i]
-    local name = option_name(a)
-    local bad = dangerous_option[name] or dangerous_global[name]
-    if bad then return nil, bad end
-    if a == "-C" or a == "--git-dir" or a == "--work-tree" then
-      local value = argv[i + 1]
-      if not value then return nil, a .. " needs a value" end
-      local ok, why = stockade.paths_beneath(call, { value })
-      if not ok then return nil, why end
-      i = i + 2
-    elseif name == "--git-dir" or name == "--work-tree" then
-      local ok, why = stockade.paths_beneath(call, { a:match("=(.*)$") })
-      if not ok then return nil, why end
-      i = i + 1
-    elseif a:sub(1, 1) == "-" then
-      i = i + 1
-    else
-      return a, nil, i
-    end
-  end
-  return nil, "no git subcommand"
+  local parsed, why = argv.parse(call.argv, M.global)
+  if not parsed then return nil, why end
+  local ok, outside = stockade.paths_beneath(call, argv.path_values(parsed))
+  if not ok then return nil, outside end
+  local sub = parsed.operands[1]
+  if not sub then return nil, "no git subcommand" end
+  return sub, nil, parsed.operand_at[1]
+end
+
+-- The subcommand's own options and operands, checked: refused options, files named by
+-- options, and host-file operands all beneath the session root.
+function M.check_subcommand(call, sub, at)
+  local g = M.subcommand[sub] or M.subcommand.default
+  local parsed, why = argv.parse(call.argv, g, at + 1)
+  if not parsed then return false, "git " .. sub .. " " .. why end
+  local paths = argv.path_values(parsed)
+  for _, p in ipairs(host_operands(sub, parsed)) do paths[#paths + 1] = p end
+  local ok, outside = stockade.paths_beneath(call, paths)
+  if not ok then return false, "git " .. sub .. ": " .. outside end
+  return true, nil, parsed
 end
 
 function M.accept(opts)
@@ -92,14 +157,11 @@ function M.accept(opts)
     local sub, why, at = M.parse(call)
     if not sub then return false, why end
     if M.refused[sub] then return false, "git " .. sub .. ": " .. M.refused[sub] end
-    for j = at + 1, #call.argv do
-      local name = option_name(call.argv[j])
-      if dangerous_option[name] then return false, dangerous_option[name] end
-    end
+    local ok, bad, parsed = M.check_subcommand(call, sub, at)
+    if not ok then return false, bad end
     if M.read_only[sub] then
       -- `git branch NAME` / `git tag NAME` create refs: a write
-      local creates = (sub == "branch" or sub == "tag") and call.argv[at + 1] and
-                      call.argv[at + 1]:sub(1, 1) ~= "-"
+      local creates = (sub == "branch" or sub == "tag") and #parsed.operands > 0
       if not creates or opts.local_writes then return true end
       return false, "git " .. sub .. " creating a ref needs local writes"
     end
