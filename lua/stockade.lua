@@ -220,6 +220,21 @@ function M.policy(t)
   p.name = p.name or "unnamed"
   p.isolation = p.isolation or "process"
   p.network = p.network or "none"
+  -- A gate must never report a capability the runtime does not have: what the runtime
+  -- would ignore or do differently is refused here, with the reason.
+  if type(p.network) == "table" then
+    fail(at, "network = { allow = ... }: not implemented (there is no egress allowlist "
+         .. "yet: the network would stay closed); use \"none\", or \"loopback\" under "
+         .. "isolation = \"strict\"")
+  end
+  if p.isolation == "process" and p.network == "loopback" then
+    fail(at, "network = \"loopback\" needs isolation = \"strict\" (under process "
+         .. "isolation a tool would share the host's whole network, not a loopback of its own)")
+  end
+  if p.isolation == "process" and p.mounts and next(p.mounts) ~= nil then
+    fail(at, "mounts need isolation = \"strict\" (process isolation has no mount "
+         .. "namespace: they would be ignored)")
+  end
   p.tools = p.tools or {}
   for name, tool in pairs(p.tools) do
     if type(name) ~= "string" or not name:match("^[%w_.-]+$") then
