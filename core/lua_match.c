@@ -352,7 +352,7 @@ static const char *mem_find(struct match_state *ms, const char *s1, size_t l1, c
     l2--;
     l1 = l1 - l2;
     while (l1 > 0 && (init = memchr(s1, *s2, l1)) != NULL) {
-        step(ms, (int64_t)((init - s1) / 64) + 1 + (int64_t)l2 / 16);
+        step(ms, (int64_t)((init - s1) / 64) + 1 + (int64_t)l2 / 128);
         init++;
         if (memcmp(init, s2 + 1, l2) == 0)
             return init - 1;

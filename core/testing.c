@@ -178,6 +178,11 @@ static int l_decide(lua_State *L)
     }
     lua_pushboolean(L, d.idempotent);
     lua_setfield(L, -2, "idempotent");
+    /* a hook that failed (and fell back to its default): what it raised */
+    if (policy_last_error(h->policy)) {
+        lua_pushstring(L, policy_last_error(h->policy));
+        lua_setfield(L, -2, "error");
+    }
     if (ok) {
         lua_createtable(L, (int)req.argc, 0);
         for (size_t i = 0; i < req.argc; i++) {
@@ -196,7 +201,8 @@ static void append_sink(void *ud, const char *data, size_t n)
     buf_append(ud, data, n);
 }
 
-/* p:redact(tool, text [, {chunk = N, stream = "stdout"}]) -> text, count. With chunk,
+/* p:redact(tool, text [, {chunk = N, stream = "stdout"}]) -> text, count [, error]. The
+ * error is the first a redact hook raised (its chunk was withheld). With chunk,
  * the text goes through the streaming path in pieces of N bytes, as a tool's output
  * would. */
 static int l_redact(lua_State *L)
@@ -217,14 +223,22 @@ static int l_redact(lua_State *L)
     struct buf out = {0};
     struct redact_stream rs = {0};
     int64_t count = 0;
+    char *error = NULL;
     if (t->redact_active) {
-        for (size_t off = 0; off < len; off += chunk) {
+        for (size_t off = 0; off <= len; off += chunk) {
             size_t n = len - off < chunk ? len - off : chunk;
+            bool eof = off + n >= len;
             policy_redact_feed(h->policy, t, stream, "test-session", &rs, text + off, n,
                                REDACT_MORE, &count, append_sink, &out);
+            if (!error && policy_last_error(h->policy))
+                error = xstrdup(policy_last_error(h->policy));
+            if (eof)
+                break;
         }
         policy_redact_feed(h->policy, t, stream, "test-session", &rs, NULL, 0, REDACT_EOF,
                            &count, append_sink, &out);
+        if (!error && policy_last_error(h->policy))
+            error = xstrdup(policy_last_error(h->policy));
     } else {
         buf_append(&out, text, len);
     }
@@ -232,11 +246,16 @@ static int l_redact(lua_State *L)
     lua_pushinteger(L, count);
     buf_free(&out);
     redact_stream_free(&rs);
-    return 2;
+    if (!error)
+        return 2;
+    lua_pushstring(L, error);
+    free(error);
+    return 3;
 }
 
 /* p:classify(tool, {exit_code=, signal=, layer=, stdout_tail=, stderr_tail=,
- * duration_ms=}) -> class, retryable, message; nil when the default stands. */
+ * duration_ms=}) -> class, retryable, message; nil when the default stands (no opinion);
+ * nil and the error when the hook failed (the default stands too, but a test sees why). */
 static int l_classify(lua_State *L)
 {
     struct handle *h = check_handle(L);
@@ -265,7 +284,10 @@ static int l_classify(lua_State *L)
     bool retryable = false;
     if (!policy_classify(h->policy, t, &in, &class, &retryable, &message)) {
         lua_pushnil(L);
-        return 1;
+        if (!policy_last_error(h->policy))
+            return 1;
+        lua_pushstring(L, policy_last_error(h->policy));
+        return 2;
     }
     lua_pushstring(L, class);
     lua_pushboolean(L, retryable);

@@ -429,6 +429,226 @@ local function inside(path, dir)
   return path == dir or path:sub(1, #dir + 1) == dir .. "/"
 end
 
+-- check is a list of rules over one loaded policy. A policy rule gets the context c
+-- (c.d: the description, c.text: the file's text, c.policy_problem(line, fmt, ...),
+-- c.tline(key): the line of `key =`); a tool rule also gets the tool's name and table,
+-- and reports with c.tool_problem(name, fmt, ...) at the tool's line.
+
+-- timeouts: call <= call_max <= fuse < idle_shutdown, grace < call
+local function rule_timeouts(c)
+  local T = c.d.timeouts
+  if T.call and T.call_max and T.call > T.call_max then
+    c.policy_problem(c.tline("call"), "timeouts.call %s is above timeouts.call_max %s",
+                     fmt_ms(T.call), fmt_ms(T.call_max))
+  end
+  if T.call_max and T.fuse and T.call_max > T.fuse then
+    c.policy_problem(c.tline("call_max"), "timeouts.call_max %s is above timeouts.fuse %s: one "
+                     .. "call could outlast the session", fmt_ms(T.call_max), fmt_ms(T.fuse))
+  end
+  if T.fuse and T.idle_shutdown and T.fuse >= T.idle_shutdown then
+    c.policy_problem(c.tline("fuse"), "timeouts.fuse %s is not below timeouts.idle_shutdown %s",
+                     fmt_ms(T.fuse), fmt_ms(T.idle_shutdown))
+  end
+  if T.grace and T.call and T.grace >= T.call then
+    c.policy_problem(c.tline("grace"), "timeouts.grace %s is not below timeouts.call %s",
+                     fmt_ms(T.grace), fmt_ms(T.call))
+  end
+end
+
+-- env: an allowed name that a deny glob refuses anyway is a contradiction
+local function contradictions(deny, names, report)
+  for _, name in ipairs(names or {}) do
+    for _, g in ipairs(deny or {}) do
+      if tostring(name):find(glob_pattern(g)) then report(name, g); break end
+    end
+  end
+end
+
+local function rule_env(c)
+  contradictions(c.d.env.deny, c.d.env.allow, function(name, g)
+    c.policy_problem(line_of(c.text, '"' .. name .. '"', true) or c.tline("allow"),
+                     "env.allow %s matches the deny glob %s: it is always refused", name, g)
+  end)
+end
+
+-- mounts: { "/host/path", "target", ro = bool }; the host path exists and is no
+-- session's root
+local function rule_mounts(c)
+  local d = c.d
+  if d.mounts == nil then return end
+  if type(d.mounts) ~= "table" then
+    c.policy_problem(c.tline("mounts"), "mounts: expected a list of { HOST, TARGET, ro = bool }")
+    return
+  end
+  for i, m in ipairs(d.mounts) do
+    local host = type(m) == "table" and m[1]
+    local line = type(host) == "string" and line_of(c.text, '"' .. host .. '"', true)
+                 or c.tline("mounts")
+    if type(m) ~= "table" or type(m[1]) ~= "string" or type(m[2]) ~= "string" then
+      c.policy_problem(line, "mounts[%d]: expected { \"/host/path\", \"target\", ro = bool }", i)
+    else
+      local target = m[2]
+      if host:sub(1, 1) ~= "/" then
+        c.policy_problem(line, "mounts[%d]: host path %s is not absolute", i, host)
+      end
+      if target:sub(1, 1) == "/" or ("/" .. target .. "/"):find("/%.%./") then
+        c.policy_problem(line, "mounts[%d]: target %s must be relative to the session root "
+                         .. "without ..", i, target)
+      end
+      if m.ro ~= nil and type(m.ro) ~= "boolean" then
+        c.policy_problem(line, "mounts[%d]: ro must be a boolean", i)
+      end
+      local real = realpath(host)
+      if not stat_paths({ host })[host] then
+        c.policy_problem(line, "mounts[%d]: host path %s does not exist", i, host)
+      end
+      for _, sd in ipairs(state_dirs()) do
+        local roots = sd:gsub("/+$", "") .. "/sessions"
+        if inside(host, roots) or (real and inside(real, roots)) then
+          c.policy_problem(line, "mounts[%d]: host path %s is inside a session root (%s/...)",
+                           i, host, roots)
+          break
+        end
+      end
+    end
+  end
+end
+
+-- secret-looking literals in the policy text: the set's regex redactors, run by the
+-- core's engine as on a tool's output
+local function rule_secrets(c)
+  local text = c.text
+  local pats = secret_set(c.file)
+  if not pats then
+    eprintf("stockade check: warning: %s; secret literals not checked\n", secrets_err)
+    return
+  end
+  if not text then return end
+  local hits, why = testing.find_secrets(pats, text)
+  if not hits then
+    eprintf("stockade check: warning: the secret set does not compile: %s\n", why)
+    hits = {}
+  end
+  local found = {}
+  for _, h in ipairs(hits) do
+    local _, nl = text:sub(1, h.first):gsub("\n", "")
+    local line = nl + 1
+    if not found[line] then
+      found[line] = true
+      local col = h.first - ((text:sub(1, h.first):match(".*\n()") or 1)) + 1
+      c.policy_problem(line, "a secret-looking literal (%s) at column %d: keep secrets out "
+                       .. "of the policy (env or a secret store)", h.name or "secret", col)
+    end
+  end
+end
+
+local function rule_tool_basics(c, name, t)
+  if type(t.path) ~= "string" or t.path == "" then
+    c.tool_problem(name, "no path")
+  else
+    check_binary(t.path, function(fmt, ...) c.tool_problem(name, fmt, ...) end)
+  end
+  if type(t.owner) ~= "string" or t.owner == "" then c.tool_problem(name, "no owner") end
+end
+
+local function rule_tool_schemas(c, name, t)
+  if type(t.schema) ~= "table" then
+    c.tool_problem(name, "no schema")
+  elseif c.schemas then
+    local ok, msg = c.schemas.check_schema(t.schema)
+    if not ok then c.tool_problem(name, "schema is not valid JSON Schema: %s", tostring(msg)) end
+  end
+  if type(t.output) == "table" and type(t.output.schema) == "table" and c.schemas then
+    local ok, msg = c.schemas.check_schema(t.output.schema)
+    if not ok then
+      c.tool_problem(name, "output.schema is not valid JSON Schema: %s", tostring(msg))
+    end
+  end
+end
+
+local function rule_tool_timeout(c, name, t)
+  local T = c.d.timeouts
+  if type(t.timeout) ~= "number" then
+    c.tool_problem(name, "no timeout (timeouts.call %s would apply)", fmt_ms(T.call))
+    return
+  end
+  if T.call_max and t.timeout > T.call_max then
+    c.tool_problem(name, "timeout %s is above timeouts.call_max %s", fmt_ms(t.timeout),
+                   fmt_ms(T.call_max))
+  end
+  if T.grace and T.grace >= t.timeout then
+    c.tool_problem(name, "timeouts.grace %s is not below the tool's timeout %s",
+                   fmt_ms(T.grace), fmt_ms(t.timeout))
+  end
+end
+
+local function rule_tool_env(c, name, t)
+  contradictions(c.d.env.deny, t.env, function(n, g)
+    c.tool_problem(name, "env allows %s but the deny glob %s refuses it", n, g)
+  end)
+end
+
+local function rule_tool_probe(c, name, t)
+  local pr = t.probe
+  if pr == nil then return end
+  local argv_ok = type(pr.argv) == "table" and is_list(pr.argv)
+  if argv_ok then
+    for _, a in ipairs(pr.argv) do if type(a) ~= "string" then argv_ok = false end end
+  end
+  if (pr.argv ~= nil) == (pr.args ~= nil) or (pr.argv ~= nil and not argv_ok)
+     or (pr.args ~= nil and type(pr.args) ~= "table") then
+    c.tool_problem(name, "probe: expected { argv = { \"ARG\", ... } } or { args = {...} }")
+    return
+  end
+  local ok, r = pcall(c.p.decide, c.p, name, pr.argv or pr.args)
+  if not ok then
+    c.tool_problem(name, "probe: %s", tostring(r))
+  elseif r.class ~= "OK" then
+    c.tool_problem(name, "probe is refused by the policy: %s: %s", r.class, tostring(r.message))
+  end
+end
+
+-- Every hook once, on a neutral input: a hook that raises (a typo, a wrong type) is
+-- reported at its own line, where at run time it would fall back silently to its
+-- default. accept and idempotent run through a decision on an empty argv (or the
+-- probe's args when the tool builds its argv from args); refusing it is fine, raising
+-- is not.
+local NEUTRAL_RESULT = { exit_code = 1, stdout_tail = "", stderr_tail = "error\n",
+                         duration_ms = 1 }
+local function rule_tool_hooks(c, name, t)
+  local function report(hook, err)
+    local h = t[hook]
+    local at = is_hook(h) and h.where or t.at
+    c.problems[#c.problems + 1] = string.format("%s: tool %s: hook %s: %s", at, name, hook,
+                                                tostring(err):gsub("\n.*", ""))
+  end
+  local input
+  if not is_hook(t.argv) or t.raw_argv then
+    input = {}
+  elseif type(t.probe) == "table" and type(t.probe.args) == "table" then
+    input = t.probe.args
+  end
+  if input and (is_hook(t.accept) or is_hook(t.idempotent) or is_hook(t.argv)) then
+    local ok, r = pcall(c.p.decide, c.p, name, input)
+    if ok and r.error then
+      local hook = is_hook(t.accept) and "accept" or is_hook(t.argv) and "argv" or "idempotent"
+      report(hook, r.error)
+    end
+  end
+  if is_hook(t.classify) then
+    local ok, class, err = pcall(c.p.classify, c.p, name, NEUTRAL_RESULT)
+    if ok and class == nil and err then report("classify", err) end
+  end
+  if t.redact ~= nil then
+    local ok, _, _, err = pcall(c.p.redact, c.p, name, "a neutral line of output\n")
+    if ok and err then report("redact", err) end
+  end
+end
+
+local POLICY_RULES = { rule_timeouts, rule_env, rule_mounts, rule_secrets }
+local TOOL_RULES = { rule_tool_basics, rule_tool_schemas, rule_tool_timeout, rule_tool_env,
+                     rule_tool_probe, rule_tool_hooks }
+
 local function check_policy(path)
   local p, d = load_policy(path)
   if not p then
@@ -439,185 +659,26 @@ local function check_policy(path)
   local text = read_file(file)
   local policy_line = at_line(d.at) or 1
   local problems = {}
-  local function policy_problem(line, fmt, ...)
-    problems[#problems + 1] = string.format("%s:%d: policy: " .. fmt, file, line or policy_line, ...)
+  local c = { p = p, d = d, file = file, text = text, problems = problems }
+  function c.policy_problem(line, fmt, ...)
+    problems[#problems + 1] = string.format("%s:%d: policy: " .. fmt, file, line or policy_line,
+                                            ...)
   end
-  local T, L = d.timeouts, d.limits
-  local function tline(key)
+  function c.tline(key)
     return line_of(text, "%f[%w_]" .. key .. "%s*=") or policy_line
   end
-
-  -- timeouts: call <= call_max <= fuse < idle_shutdown, grace < call
-  if T.call and T.call_max and T.call > T.call_max then
-    policy_problem(tline("call"), "timeouts.call %s is above timeouts.call_max %s",
-                   fmt_ms(T.call), fmt_ms(T.call_max))
+  function c.tool_problem(name, fmt, ...)
+    local at = d.tools[name].at or (file .. ":" .. policy_line)
+    problems[#problems + 1] = string.format("%s: tool %s: " .. fmt, at, name, ...)
   end
-  if T.call_max and T.fuse and T.call_max > T.fuse then
-    policy_problem(tline("call_max"), "timeouts.call_max %s is above timeouts.fuse %s: one call "
-                   .. "could outlast the session", fmt_ms(T.call_max), fmt_ms(T.fuse))
-  end
-  if T.fuse and T.idle_shutdown and T.fuse >= T.idle_shutdown then
-    policy_problem(tline("fuse"), "timeouts.fuse %s is not below timeouts.idle_shutdown %s",
-                   fmt_ms(T.fuse), fmt_ms(T.idle_shutdown))
-  end
-  if T.grace and T.call and T.grace >= T.call then
-    policy_problem(tline("grace"), "timeouts.grace %s is not below timeouts.call %s",
-                   fmt_ms(T.grace), fmt_ms(T.call))
-  end
-
-  -- env: an allowed name that a deny glob refuses anyway is a contradiction
-  local deny = d.env.deny or {}
-  local function contradictions(names, report)
-    for _, name in ipairs(names or {}) do
-      for _, g in ipairs(deny) do
-        if tostring(name):find(glob_pattern(g)) then report(name, g); break end
-      end
-    end
-  end
-  contradictions(d.env.allow, function(name, g)
-    policy_problem(line_of(text, '"' .. name .. '"', true) or tline("allow"),
-                   "env.allow %s matches the deny glob %s: it is always refused", name, g)
-  end)
-
-  -- mounts: { "/host/path", "target", ro = bool }; the host path exists and is no
-  -- session's root
-  if d.mounts ~= nil then
-    if type(d.mounts) ~= "table" then
-      policy_problem(tline("mounts"), "mounts: expected a list of { HOST, TARGET, ro = bool }")
-    else
-      for i, m in ipairs(d.mounts) do
-        local host = type(m) == "table" and m[1]
-        local line = type(host) == "string" and line_of(text, '"' .. host .. '"', true)
-                     or tline("mounts")
-        if type(m) ~= "table" or type(m[1]) ~= "string" or type(m[2]) ~= "string" then
-          policy_problem(line, "mounts[%d]: expected { \"/host/path\", \"target\", ro = bool }", i)
-        else
-          local target = m[2]
-          if host:sub(1, 1) ~= "/" then
-            policy_problem(line, "mounts[%d]: host path %s is not absolute", i, host)
-          end
-          if target:sub(1, 1) == "/" or ("/" .. target .. "/"):find("/%.%./") then
-            policy_problem(line, "mounts[%d]: target %s must be relative to the session root "
-                           .. "without ..", i, target)
-          end
-          if m.ro ~= nil and type(m.ro) ~= "boolean" then
-            policy_problem(line, "mounts[%d]: ro must be a boolean", i)
-          end
-          local real = realpath(host)
-          if not stat_paths({ host })[host] then
-            policy_problem(line, "mounts[%d]: host path %s does not exist", i, host)
-          end
-          for _, sd in ipairs(state_dirs()) do
-            local roots = sd:gsub("/+$", "") .. "/sessions"
-            if inside(host, roots) or (real and inside(real, roots)) then
-              policy_problem(line, "mounts[%d]: host path %s is inside a session root (%s/...)",
-                             i, host, roots)
-              break
-            end
-          end
-        end
-      end
-    end
-  end
-
-  -- network: "none" | "loopback" | { allow = { "host:port", ... } }
-  if type(d.network) == "table" then
-    local allow = d.network.allow
-    if type(allow) ~= "table" or not is_list(allow) then
-      policy_problem(tline("network"), "network: expected { allow = { \"host:port\", ... } }")
-    else
-      for _, a in ipairs(allow) do
-        if type(a) ~= "string" or not a:match("^[^%s:]+:%d+$") then
-          policy_problem(tline("network"), "network.allow: %s is not host:port", tostring(a))
-        end
-      end
-    end
-  end
-
-  -- secret-looking literals in the policy text
-  local pats = secret_set(file)
-  if text and pats then
-    -- the set's regex redactors, run by the core's engine as on a tool's output
-    local hits, why = testing.find_secrets(pats, text)
-    if not hits then
-      eprintf("stockade check: warning: the secret set does not compile: %s\n", why)
-      hits = {}
-    end
-    local found = {}
-    for _, h in ipairs(hits) do
-      local _, nl = text:sub(1, h.first):gsub("\n", "")
-      local line = nl + 1
-      if not found[line] then
-        found[line] = true
-        local col = h.first - ((text:sub(1, h.first):match(".*\n()") or 1)) + 1
-        policy_problem(line, "a secret-looking literal (%s) at column %d: keep secrets out "
-                       .. "of the policy (env or a secret store)", h.name or "secret", col)
-      end
-    end
-  elseif not pats then
-    eprintf("stockade check: warning: %s; secret literals not checked\n", secrets_err)
-  end
-
-  -- tools
-  local schemas = schema_checker()
-  if not schemas then
+  for _, rule in ipairs(POLICY_RULES) do rule(c) end
+  c.schemas = schema_checker()
+  if not c.schemas then
     eprintf("stockade check: warning: %s; schemas checked for presence only\n", schema_err)
   end
   local names = sorted_keys(d.tools)
   for _, name in ipairs(names) do
-    local t = d.tools[name]
-    local at = t.at or (file .. ":" .. policy_line)
-    local function problem(fmt, ...)
-      problems[#problems + 1] = string.format("%s: tool %s: " .. fmt, at, name, ...)
-    end
-    if type(t.path) ~= "string" or t.path == "" then
-      problem("no path")
-    else
-      check_binary(t.path, problem)
-    end
-    if type(t.owner) ~= "string" or t.owner == "" then problem("no owner") end
-    if type(t.schema) ~= "table" then
-      problem("no schema")
-    elseif schemas then
-      local ok, msg = schemas.check_schema(t.schema)
-      if not ok then problem("schema is not valid JSON Schema: %s", tostring(msg)) end
-    end
-    if type(t.output) == "table" and type(t.output.schema) == "table" and schemas then
-      local ok, msg = schemas.check_schema(t.output.schema)
-      if not ok then problem("output.schema is not valid JSON Schema: %s", tostring(msg)) end
-    end
-    if type(t.timeout) ~= "number" then
-      problem("no timeout (timeouts.call %s would apply)", fmt_ms(T.call))
-    else
-      if T.call_max and t.timeout > T.call_max then
-        problem("timeout %s is above timeouts.call_max %s", fmt_ms(t.timeout), fmt_ms(T.call_max))
-      end
-      if T.grace and T.grace >= t.timeout then
-        problem("timeouts.grace %s is not below the tool's timeout %s", fmt_ms(T.grace),
-                fmt_ms(t.timeout))
-      end
-    end
-    contradictions(t.env, function(n, g)
-      problem("env allows %s but the deny glob %s refuses it", n, g)
-    end)
-    if t.probe ~= nil then
-      local pr = t.probe
-      local argv_ok = type(pr.argv) == "table" and is_list(pr.argv)
-      if argv_ok then
-        for _, a in ipairs(pr.argv) do if type(a) ~= "string" then argv_ok = false end end
-      end
-      if (pr.argv ~= nil) == (pr.args ~= nil) or (pr.argv ~= nil and not argv_ok)
-         or (pr.args ~= nil and type(pr.args) ~= "table") then
-        problem("probe: expected { argv = { \"ARG\", ... } } or { args = {...} }")
-      else
-        local ok, r = pcall(p.decide, p, name, pr.argv or pr.args)
-        if not ok then
-          problem("probe: %s", tostring(r))
-        elseif r.class ~= "OK" then
-          problem("probe is refused by the policy: %s: %s", r.class, tostring(r.message))
-        end
-      end
-    end
+    for _, rule in ipairs(TOOL_RULES) do rule(c, name, d.tools[name]) end
   end
 
   for _, line in ipairs(problems) do printf("%s\n", line) end
