@@ -182,3 +182,24 @@ def test_doctor_suggests_no_fix_that_would_not_help():
     assert "not implemented" in line, line
     assert "no delegated" not in line and "RLIMIT_AS" not in line, line
     assert "limits.memory" in line, line
+
+
+def test_hook_errors_are_logged_at_warn_with_tool_hook_and_line(tmp_path):
+    """A classify that returns a wrong type falls back to the default class, and says
+    so in the log: warn, the tool, the hook and where it is defined."""
+    from serve_helpers import ServeProc
+    os.chmod(tmp_path, 0o755)
+    fixture = os.path.join(FIXTURES, "hook_errors.lua")
+    sp = ServeProc(BIN, str(tmp_path), fixture)
+    try:
+        s = sp.client.open_session()
+        r = s.call("wrongclass", ["-c", "exit 3"])
+        assert r.class_ == "TOOL_ERROR", r          # the default stands
+        s.close()
+        log = sp.stderr_text()
+        line = next((l for l in log.splitlines() if "wrongclass" in l and "hook" in l), "")
+        assert "warn" in line, log[-2000:]
+        assert "hook classify" in line and "hook_errors.lua:14" in line, line
+        assert "unknown class" in line, line
+    finally:
+        sp.stop()
