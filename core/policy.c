@@ -241,7 +241,9 @@ static int l_core_where(lua_State *L)
     lua_Debug ar;
     int level = (int)luaL_optinteger(L, 1, 1);
     if (lua_getstack(L, level, &ar) && lua_getinfo(L, "Sl", &ar) && ar.currentline > 0) {
-        lua_pushfstring(L, "%s:%d", ar.short_src, ar.currentline);
+        /* the full path (short_src is cut at 60 bytes), so the loader can read it back */
+        lua_pushfstring(L, "%s:%d", ar.source[0] == '@' ? ar.source + 1 : ar.short_src,
+                        ar.currentline);
         return 1;
     }
     struct policy *p = policy_of(L);
@@ -250,6 +252,23 @@ static int l_core_where(lua_State *L)
         return 1;
     }
     return 0;
+}
+
+static char *slurp(const char *path, size_t max, size_t *len, char **err);
+
+/* The text of a policy or plugin file, for locating a field's own line in an error; nil
+ * when it cannot be read. Only the stockade module has it, never a policy. */
+static int l_core_source(lua_State *L)
+{
+    size_t len;
+    char *err = NULL;
+    char *text = slurp(luaL_checkstring(L, 1), POLICY_FILE_MAX, &len, &err);
+    free(err);
+    if (!text)
+        return 0;
+    lua_pushlstring(L, text, len);
+    free(text);
+    return 1;
 }
 
 /* print() in a policy goes to the log, never to stdout (the protocol's channel). */
@@ -269,7 +288,6 @@ static int l_policy_print(lua_State *L)
     return 0;
 }
 
-static char *slurp(const char *path, size_t max, size_t *len, char **err);
 static void push_env(lua_State *L, bool strict);
 
 /* require: the stockade modules, and plugins from the plugin directories ("plugins.X"
@@ -529,7 +547,8 @@ static int open_state(lua_State *L)
     static const luaL_Reg core_fns[] = {
         {"duration", l_core_duration}, {"size", l_core_size}, {"where", l_core_where},
         {"log", l_core_log}, {"path_resolve", l_core_path_resolve},
-        {"paths_beneath", l_core_paths_beneath}, {NULL, NULL},
+        {"paths_beneath", l_core_paths_beneath}, {"source", l_core_source},
+        {"check_pattern", lua_match_check}, {NULL, NULL},
     };
     luaL_newlib(L, core_fns);
     lua_pushvalue(L, json);
@@ -906,7 +925,7 @@ struct policy *policy_load(const char *path, char **err)
     int rc = luaL_loadbufferx(L, text, len, chunkname, "t");
     free(chunkname);
     if (rc != LUA_OK) {
-        *err = xasprintf("policy %s", lua_tostring(L, -1));
+        *err = xstrdup(lua_tostring(L, -1));    /* FILE:LINE: as Lua says it */
         lua_pop(L, 1);
         goto fail;
     }
@@ -918,7 +937,8 @@ struct policy *policy_load(const char *path, char **err)
     if (rc != POLICY_OK)
         goto fail_msg;
     if (!lua_istable(L, -1)) {
-        *err = xasprintf("policy %s: must return stockade.policy{...}, returned %s", path,
+        *err = xasprintf("%s:%d: must return stockade.policy{...}, returned %s", path,
+                         p->load_line > 0 ? p->load_line : 1,
                          luaL_typename(L, -1));
         goto fail;
     }
@@ -926,7 +946,8 @@ struct policy *policy_load(const char *path, char **err)
     bool shaped = lua_istable(L, -1);
     lua_pop(L, 1);
     if (!shaped) {
-        *err = xasprintf("policy %s: must return stockade.policy{...}", path);
+        *err = xasprintf("%s:%d: must return stockade.policy{...}", path,
+                         p->load_line > 0 ? p->load_line : 1);
         goto fail;
     }
     int t = lua_gettop(L);
@@ -952,12 +973,17 @@ struct policy *policy_load(const char *path, char **err)
     return p;
 
 fail_msg:
-    /* policy_pcall's message already names file:line; prefix the policy. */
+    /* One form for every load error, FILE:LINE: message, so editors and CI annotate it:
+     * messages raised in the policy already start with a location; others (a budget,
+     * engine.init) get the policy's line that was running, or its first. */
     {
         char *m = *err;
-        *err = strncmp(m, path, strlen(path)) == 0 ? m : xasprintf("policy %s: %s", path, m);
-        if (*err != m)
+        const char *colon = strchr(m, ':');
+        bool located = colon && colon > m && colon[1] >= '0' && colon[1] <= '9';
+        if (!located) {
+            *err = xasprintf("%s:%d: %s", path, p->load_line > 0 ? p->load_line : 1, m);
             free(m);
+        }
     }
 fail:
     free(text);

@@ -14,6 +14,78 @@ local function fail(at, fmt, ...)
   error(at .. ": " .. string.format(fmt, ...), 0)
 end
 
+-- Errors point at the field's own line: the first line at or after the constructor's
+-- (`at`, "file:line") where each key of the field's path appears as `key =`, in turn.
+local sources = {}
+local function source_lines(file)
+  if sources[file] == nil then
+    local text = core.source(file)
+    local lines = false
+    if text then
+      lines = {}
+      for l in (text .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
+    end
+    sources[file] = lines
+  end
+  return sources[file] or nil
+end
+
+local function locate(at, field)
+  local file, line = at:match("^(.*):(%d+)$")
+  local lines = file and source_lines(file)
+  if not lines then return at end
+  local n = tonumber(line)
+  for key in tostring(field):gmatch("[^.%[%]]+") do
+    if not key:match("^%d+$") then
+      local pat = "%f[%w_]" .. key:gsub("%W", "%%%0") .. "%s*="
+      for i = n, math.min(#lines, n + 2000) do
+        if lines[i]:find(pat) then n = i break end
+      end
+    end
+  end
+  return file .. ":" .. n
+end
+
+local function fail_at(at, field, fmt, ...)
+  error(locate(at, field) .. ": " .. field .. ": " .. string.format(fmt, ...), 0)
+end
+
+-- A value as an error shows it: its type, and strings and numbers quoted.
+local function show(v)
+  local t = type(v)
+  if t == "string" then
+    return string.format("string %q", #v > 40 and v:sub(1, 40) .. "..." or v)
+  elseif t == "number" or t == "boolean" then
+    return t .. " " .. tostring(v)
+  elseif t == "nil" then
+    return "nil"
+  end
+  return "a " .. t
+end
+
+-- The nearest name in `names` to a misspelt one, when close enough to be a typo.
+local function nearest(name, names)
+  local function distance(a, b)
+    local prev = {}
+    for j = 0, #b do prev[j] = j end
+    for i = 1, #a do
+      local cur = { [0] = i }
+      for j = 1, #b do
+        local cost = a:sub(i, i) == b:sub(j, j) and 0 or 1
+        cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+      end
+      prev = cur
+    end
+    return prev[#b]
+  end
+  local best, best_d
+  for _, n in ipairs(names) do
+    local d = distance(name, n)
+    if not best_d or d < best_d or (d == best_d and n < best) then best, best_d = n, d end
+  end
+  if best and best_d <= math.max(1, math.floor(#name / 3)) then return best end
+end
+
 M.json = core.json              -- encode / decode / null (lua-cjson)
 M.schema = core.schema          -- validate(schema, value), check_schema(schema)
 M.path = { resolve = core.path_resolve }
@@ -35,7 +107,7 @@ end
 -- Field checkers: each takes (value, at, field) and returns the normalized value.
 local function kind(t)
   return function(v, at, field)
-    if type(v) ~= t then fail(at, "%s: expected a %s, got %s", field, t, type(v)) end
+    if type(v) ~= t then fail_at(at, field, "expected a %s, got %s", t, show(v)) end
     return v
   end
 end
@@ -43,27 +115,27 @@ local is_string, is_table, is_function = kind("string"), kind("table"), kind("fu
 
 local function is_count(v, at, field)
   if math.type(v) ~= "integer" or v < 0 then
-    fail(at, "%s: expected a non-negative integer, got %s", field, tostring(v))
+    fail_at(at, field, "expected a non-negative integer, got %s", show(v))
   end
   return v
 end
 
 local function is_duration(v, at, field)
   if type(v) ~= "string" then
-    fail(at, "%s: expected a duration string such as \"30s\", got %s", field, type(v))
+    fail_at(at, field, "expected a duration string such as \"30s\", got %s", show(v))
   end
   local ms, err = core.duration(v)
-  if not ms then fail(at, "%s: %s", field, err) end
+  if not ms then fail_at(at, field, "%s", err) end
   return ms
 end
 
 local function is_size(v, at, field)
   if math.type(v) == "integer" and v >= 0 then return v end
   if type(v) ~= "string" then
-    fail(at, "%s: expected a size such as \"1MiB\", got %s", field, type(v))
+    fail_at(at, field, "expected a size such as \"1MiB\", got %s", show(v))
   end
   local n, err = core.size(v)
-  if not n then fail(at, "%s: %s", field, err) end
+  if not n then fail_at(at, field, "%s", err) end
   return n
 end
 
@@ -71,13 +143,13 @@ local function one_of(...)
   local allowed = { ... }
   return function(v, at, field)
     for _, a in ipairs(allowed) do if v == a then return v end end
-    fail(at, "%s: expected one of %s, got %s", field, table.concat(allowed, ", "), tostring(v))
+    fail_at(at, field, "expected one of %s, got %s", table.concat(allowed, ", "), show(v))
   end
 end
 
 local function bool_or_function(v, at, field)
   if type(v) ~= "boolean" and type(v) ~= "function" then
-    fail(at, "%s: expected a boolean or a function, got %s", field, type(v))
+    fail_at(at, field, "expected a boolean or a function, got %s", show(v))
   end
   return v
 end
@@ -88,26 +160,64 @@ local function list_of_strings(v, at, field)
   for i, s in ipairs(v) do out[i] = is_string(s, at, field .. "[" .. i .. "]") end
   for k in pairs(v) do
     if math.type(k) ~= "integer" or k < 1 or k > #v then
-      fail(at, "%s: expected a list, found key %s", field, tostring(k))
+      fail_at(at, field, "expected a list, found key %s", tostring(k))
     end
   end
   return out
 end
 
+-- redact: a function, a { pattern = ... } or { literal = ... } table, or a list of them.
+-- Every pattern is compiled here, so a malformed one is a load error at its own line, not
+-- output withheld later without a reason.
+local function redactors(v, at, field)
+  if type(v) == "function" then return v end
+  if type(v) ~= "table" then
+    fail_at(at, field, "expected a function, a redactor table or a list of them, got %s",
+            show(v))
+  end
+  if v.pattern ~= nil then
+    if type(v.pattern) ~= "string" then
+      fail_at(at, field .. ".pattern", "expected a string, got %s", show(v.pattern))
+    end
+    local ok, err = core.check_pattern(v.pattern)
+    if not ok then
+      -- the line where the pattern is written, when it is written in this file
+      local loc = locate(at, field)
+      local file, line = loc:match("^(.*):(%d+)$")
+      local lines = file and source_lines(file)
+      for i = tonumber(line or 1), lines and #lines or 0 do
+        if lines[i]:find(v.pattern, 1, true) then loc = file .. ":" .. i break end
+      end
+      error(loc .. ": " .. field .. ": " .. tostring(err), 0)
+    end
+    return v
+  end
+  if v.literal ~= nil then return v end
+  for i, r in ipairs(v) do redactors(r, at, field .. "[" .. i .. "]") end
+  return v
+end
+
 local function network(v, at, field)
   if v == "none" or v == "loopback" then return v end
   if type(v) == "table" then return v end
-  fail(at, "%s: expected \"none\", \"loopback\" or { allow = {...} }, got %s", field, tostring(v))
+  fail_at(at, field, "expected \"none\", \"loopback\" or { allow = {...} }, got %s", show(v))
 end
 
 -- Check `t` against `spec` (field -> checker or nested spec table); unknown keys fail.
 local function check(t, spec, at, prefix)
-  if type(t) ~= "table" then fail(at, "%s: expected a table, got %s", prefix, type(t)) end
+  if type(t) ~= "table" then fail_at(at, prefix, "expected a table, got %s", show(t)) end
   local out = {}
   for k, v in pairs(t) do
     local field = prefix and (prefix .. "." .. tostring(k)) or tostring(k)
     local checker = spec[k]
-    if type(k) ~= "string" or checker == nil then fail(at, "unknown field %s", field) end
+    if type(k) ~= "string" or checker == nil then
+      local names = {}
+      for name in pairs(spec) do names[#names + 1] = name end
+      local guess = type(k) == "string" and nearest(k, names)
+      local hint = guess and (" (did you mean " .. (prefix and prefix .. "." or "") .. guess .. "?)")
+                   or ""
+      error(locate(at, field) .. ": unknown field " .. field .. hint, 0)
+    end
     if type(checker) == "table" then
       out[k] = check(v, checker, at, field)
     else
@@ -157,12 +267,7 @@ local DEFAULTS = {
 local TOOL = {
   path = is_string, owner = is_string, description = is_string, schema = is_table,
   timeout = is_duration, idempotent = bool_or_function, accept = is_function,
-  argv = is_function, redact = function(v, at, field)
-    if type(v) ~= "function" and type(v) ~= "table" then
-      fail(at, "%s: expected a function or a redactor table, got %s", field, type(v))
-    end
-    return v
-  end,
+  argv = is_function, redact = redactors,
   raw_argv = kind("boolean"),
   classify = is_function, output = { format = one_of("text", "json"), schema = is_table,
                                      max_depth = is_count },
@@ -173,16 +278,28 @@ local TOOL = {
 -- Tools made by stockade.tool{}: a private set, not a metatable anyone could reach.
 local made_tools = setmetatable({}, { __mode = "k" })
 
+-- A tool does not know its name until the policy lists it: an error in it is kept and
+-- raised by stockade.policy{}, which names the tool.
 function M.tool(t)
   local at = where(2)
-  local tool = check(t, TOOL, at, nil)
-  if tool.path == nil then fail(at, "tool: path is required") end
-  if tool.path:sub(1, 1) ~= "/" then
-    fail(at, "path: must be absolute (no PATH lookup), got %q", tool.path)
-  end
+  local ok, tool = pcall(function()
+    local tool = check(t, TOOL, at, nil)
+    if tool.path == nil then fail(at, "path is required") end
+    if tool.path:sub(1, 1) ~= "/" then
+      fail_at(at, "path", "must be absolute (no PATH lookup), got %s", show(tool.path))
+    end
+    return tool
+  end)
+  if not ok then tool = { error = tostring(tool) } end
   tool.at = at
   made_tools[tool] = true
   return tool
+end
+
+local function tool_error(name, msg)
+  local loc, rest = msg:match("^(.-:%d+): (.*)$")
+  if not loc then error("tool " .. name .. ": " .. msg, 0) end
+  error(loc .. ": tool " .. name .. ": " .. rest, 0)
 end
 
 local POLICY = {
@@ -193,19 +310,19 @@ local POLICY = {
     for i, m in ipairs(v) do
       local f = field .. "[" .. i .. "]"
       if type(m) ~= "table" or type(m[1]) ~= "string" or type(m[2]) ~= "string" then
-        fail(at, "%s: expected { \"/host/path\", \"dest/in/root\", ro = bool }", f)
+        fail_at(at, f, "expected { \"/host/path\", \"dest/in/root\", ro = bool }")
       end
-      if m[1]:sub(1, 1) ~= "/" then fail(at, "%s: the host path must be absolute", f) end
+      if m[1]:sub(1, 1) ~= "/" then fail_at(at, f, "the host path must be absolute") end
       if m[2]:sub(1, 1) == "/" or m[2]:find("%.%.") then
-        fail(at, "%s: the destination is relative to the session root, without ..", f)
+        fail_at(at, f, "the destination is relative to the session root, without ..")
       end
       for k in pairs(m) do
-        if k ~= 1 and k ~= 2 and k ~= "ro" then fail(at, "%s: unknown field %s", f, tostring(k)) end
+        if k ~= 1 and k ~= 2 and k ~= "ro" then fail_at(at, f, "unknown field %s", tostring(k)) end
       end
     end
     return v
   end,
-  network = network, redact = is_table, tools = is_table,
+  network = network, redact = redactors, tools = is_table,
 }
 
 function M.policy(t)
@@ -223,29 +340,37 @@ function M.policy(t)
   -- A gate must never report a capability the runtime does not have: what the runtime
   -- would ignore or do differently is refused here, with the reason.
   if type(p.network) == "table" then
-    fail(at, "network = { allow = ... }: not implemented (there is no egress allowlist "
+    fail(locate(at, "network"), "network = { allow = ... }: not implemented (there is no egress allowlist "
          .. "yet: the network would stay closed); use \"none\", or \"loopback\" under "
          .. "isolation = \"strict\"")
   end
   if p.isolation == "process" and p.network == "loopback" then
-    fail(at, "network = \"loopback\" needs isolation = \"strict\" (under process "
+    fail(locate(at, "network"), "network = \"loopback\" needs isolation = \"strict\" (under process "
          .. "isolation a tool would share the host's whole network, not a loopback of its own)")
   end
   if p.isolation == "process" and p.mounts and next(p.mounts) ~= nil then
-    fail(at, "mounts need isolation = \"strict\" (process isolation has no mount "
+    fail(locate(at, "mounts"), "mounts need isolation = \"strict\" (process isolation has no mount "
          .. "namespace: they would be ignored)")
   end
   p.tools = p.tools or {}
-  for name, tool in pairs(p.tools) do
+  local names = {}
+  for name in pairs(p.tools) do
     if type(name) ~= "string" or not name:match("^[%w_.-]+$") then
-      fail(at, "tools: bad tool name %s", tostring(name))
+      fail(locate(at, "tools"), "tools: bad tool name %s", show(name))
     end
+    names[#names + 1] = name
+  end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local tool = p.tools[name]
     if not made_tools[tool] then
-      fail(at, "tools.%s: must be made with stockade.tool{}", name)
+      fail(locate(at, "tools." .. name), "tool %s: must be made with stockade.tool{}", name)
     end
+    if tool.error then tool_error(name, tool.error) end
     if tool.timeout and tool.timeout > p.timeouts.call_max then
-      fail(tool.at, "tools.%s.timeout: %d ms is above timeouts.call_max (%d ms)", name,
-           tool.timeout, p.timeouts.call_max)
+      tool_error(name, string.format("%s: timeout: %d ms is above timeouts.call_max (%d ms)",
+                                     locate(tool.at, "timeout"), tool.timeout,
+                                     p.timeouts.call_max))
     end
   end
   p.at = at

@@ -197,7 +197,7 @@ end
 function TestCheck.test_a_policy_that_does_not_load()
   local out, code = stockade("check " .. F .. "gates_broken.lua")
   lu.assertEquals(code, 1)
-  lu.assertEquals(out, F .. "gates_broken.lua:4: unknown field timeout\n")
+  lu.assertEquals(out, F .. "gates_broken.lua:6: unknown field timeout (did you mean timeouts?)\n")
   out, code = stockade("check /nonexistent/policy.lua")
   lu.assertEquals(code, 1)
   lu.assertStrContains(out, "/nonexistent/policy.lua")
@@ -333,6 +333,12 @@ function TestDiff.test_isolation_weakened()
                              "gates_diff_process.lua --fail-on-widen")
   lu.assertEquals(code, 1)
   lu.assertStrContains(out, "WIDENS: isolation weakened")
+end
+
+function TestCheck.test_a_malformed_redactor_pattern_is_a_load_error_at_its_line()
+  local out, code = stockade("check " .. F .. "bad_redactor.lua")
+  lu.assertEquals(code, 1)
+  lu.assertEquals(out, F .. "bad_redactor.lua:8: redact[2]: malformed pattern (missing ']')\n")
 end
 
 -- A gate never reports a capability the runtime does not have: what it would ignore or

@@ -73,59 +73,77 @@ static void test_good_policy(void)
     free(path);
 }
 
+/* CHECK that haystack contains needle, printing the text when it does not. */
+#define CHECK_CONTAINS(haystack, needle)                                                   \
+    do {                                                                                   \
+        const char *check_h = (haystack), *check_n = (needle);                             \
+        if (check_h && strstr(check_h, check_n)) {                                         \
+            check_passed++;                                                                \
+        } else {                                                                           \
+            check_failed++;                                                                \
+            fprintf(stderr, "%s:%d: CHECK_CONTAINS failed: \"%s\" not in \"%s\"\n",        \
+                    __FILE__, __LINE__, check_n, check_h ? check_h : "(null)");            \
+        }                                                                                  \
+    } while (0)
+
+/* Each bad policy fails with FILE:LINE: first (one form, syntax errors included), the
+ * line being the field's own, and the text says what is wrong and how to fix it. */
 static void test_load_errors(void)
 {
-    char *e;
-    e = load_error("typo.lua", HEAD "  timeouts = { cal = '5s' },\n}\n");
-    CHECK(strstr(e, "typo.lua:2") && strstr(e, "timeouts.cal"));
-    free(e);
-    e = load_error("dur.lua", HEAD "  timeouts = { call = '5 seconds' },\n}\n");
-    CHECK(strstr(e, "dur.lua:2") && strstr(e, "timeouts.call"));
-    free(e);
-    e = load_error("bare.lua", HEAD "  timeouts = { call = 30 },\n}\n");
-    CHECK(strstr(e, "timeouts.call") != NULL);
-    free(e);
-    e = load_error("type.lua", HEAD "  limits = { processes = 'many' },\n}\n");
-    CHECK(strstr(e, "limits.processes") != NULL);
-    free(e);
-    e = load_error("rel.lua", HEAD "  tools = { x = stockade.tool { path = 'bin/x' } },\n}\n");
-    CHECK(strstr(e, "rel.lua:3") && strstr(e, "absolute"));
-    free(e);
-    e = load_error("unknownkey.lua", HEAD "  tools = {\n    x = stockade.tool {\n"
-                   "      path = '/bin/x', acept = function() end },\n  },\n}\n");
-    CHECK(strstr(e, "unknownkey.lua:4") && strstr(e, "acept"));
-    free(e);
-    e = load_error("syntax.lua", "return stockade.policy {\n");
-    CHECK(strstr(e, "syntax.lua") != NULL);
-    free(e);
-    e = load_error("global.lua", "x = 1\nreturn nil\n");
-    CHECK(strstr(e, "global.lua:1") && strstr(e, "undeclared global 'x'"));
-    free(e);
-    e = load_error("os.lua", "os.execute('touch /tmp/pwned')\n");
-    CHECK(strstr(e, "undeclared global 'os'") != NULL);
-    free(e);
-    e = load_error("io.lua", "local f = io.open('/etc/passwd')\n");
-    CHECK(strstr(e, "undeclared global 'io'") != NULL);
-    free(e);
-    e = load_error("req.lua", "local x = require 'os'\n");
-    CHECK(strstr(e, "not found") != NULL);
-    free(e);
-    e = load_error("load.lua", "local f = load('return 1')\n");
-    CHECK(strstr(e, "undeclared global 'load'") != NULL);
-    free(e);
-    e = load_error("dump.lua", "local d = string.dump\nassert(d == nil)\n"
-                   "return ('x').dump\n");
-    CHECK(strstr(e, "must return") != NULL);    /* nil: string.dump is gone everywhere */
-    free(e);
-    e = load_error("notpolicy.lua", "return { tools = {} }\n");
-    CHECK(strstr(e, "must return stockade.policy") != NULL);
-    free(e);
-    e = load_error("loop.lua", "while true do end\n");
-    CHECK(strstr(e, "budget") != NULL);
-    free(e);
-    e = load_error("nottool.lua", HEAD "  tools = { x = { path = '/bin/x' } },\n}\n");
-    CHECK(strstr(e, "stockade.tool") != NULL);
-    free(e);
+    static const struct {
+        const char *file, *text;
+        const char *want[3];
+    } cases[] = {
+        {"typo.lua", HEAD "  timeouts = { cal = '5s' },\n}\n",
+         {"typo.lua:3: ", "unknown field timeouts.cal (did you mean timeouts.call?)"}},
+        {"dur.lua", HEAD "  timeouts = { call = '5 seconds' },\n}\n",
+         {"dur.lua:3: ", "timeouts.call"}},
+        {"bare.lua", HEAD "  timeouts = { call = 30 },\n}\n",
+         {"bare.lua:3: ", "timeouts.call", "got number 30"}},
+        {"type.lua", HEAD "  limits = {\n    processes = 'many' },\n}\n",
+         {"type.lua:4: ", "limits.processes: expected a non-negative integer, got string \"many\""}},
+        {"rel.lua", HEAD "  tools = { x = stockade.tool { path = 'bin/x' } },\n}\n",
+         {"rel.lua:3: ", "tool x: path", "absolute"}},
+        {"unknownkey.lua", HEAD "  tools = {\n    x = stockade.tool {\n      path = '/bin/x',\n"
+                           "      acept = function() end },\n  },\n}\n",
+         {"unknownkey.lua:6: ", "tool x: unknown field acept (did you mean accept?)"}},
+        {"timout.lua", HEAD "  tools = {\n    y = stockade.tool { path = '/bin/x',\n"
+                       "      timout = '5s' },\n  },\n}\n",
+         {"timout.lua:5: ", "tool y: unknown field timout (did you mean timeout?)"}},
+        {"syntax.lua", "return stockade.policy {\n", {"syntax.lua:"}},
+        {"global.lua", "x = 1\nreturn nil\n", {"global.lua:1: ", "undeclared global 'x'"}},
+        {"os.lua", "os.execute('touch /tmp/pwned')\n", {"os.lua:1: ", "undeclared global 'os'"}},
+        {"io.lua", "local f = io.open('/etc/passwd')\n", {"io.lua:1: ", "undeclared global 'io'"}},
+        {"req.lua", "local x = require 'os'\n", {"req.lua:1: ", "not found"}},
+        {"load.lua", "local f = load('return 1')\n", {"load.lua:1: ", "undeclared global 'load'"}},
+        /* nil: string.dump is gone everywhere */
+        {"dump.lua", "local d = string.dump\nassert(d == nil)\nreturn ('x').dump\n",
+         {"dump.lua:", "must return"}},
+        {"notpolicy.lua", "return { tools = {} }\n", {"notpolicy.lua:", "must return stockade.policy"}},
+        {"loop.lua", "while true do end\n", {"loop.lua:1: ", "budget"}},
+        {"nottool.lua", HEAD "  tools = { x = { path = '/bin/x' } },\n}\n",
+         {"nottool.lua:3: ", "stockade.tool"}},
+        {"pattern.lua", HEAD "  redact = {\n    { pattern = 'ok%d+', window = 8 },\n"
+                        "    { pattern = 'ACME[%-TKN', prefix = 'ACME', window = 64 },\n  },\n}\n",
+         {"pattern.lua:5: ", "redact[2]: malformed pattern (missing ']')"}},
+        {"allow.lua", HEAD "  name = 'x',\n  network = { allow = { 'pypi.internal:443' } },\n}\n",
+         {"allow.lua:4: ", "not implemented"}},
+        {"gc.lua", "setmetatable({}, { __gc = function() end })\n", {"gc.lua:1: ", "__gc"}},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        char *e = load_error(cases[i].file, cases[i].text);
+        for (size_t k = 0; k < ARRAY_LEN(cases[i].want) && cases[i].want[k]; k++)
+            CHECK_CONTAINS(e, cases[i].want[k]);
+        /* FILE:LINE: first: the path of the file, then a line number */
+        char *start = xasprintf("%s/%s:", dir, cases[i].file);
+        bool located = e && strncmp(e, start, strlen(start)) == 0 &&
+                       e[strlen(start)] >= '1' && e[strlen(start)] <= '9';
+        CHECK(located);
+        if (!located)
+            fprintf(stderr, "  not FILE:LINE: %s\n", e ? e : "(null)");
+        free(start);
+        free(e);
+    }
     char *missing = NULL;
     CHECK(policy_load("/nonexistent/policy.lua", &missing) == NULL && missing &&
           strstr(missing, "/nonexistent/policy.lua"));
