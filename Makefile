@@ -22,7 +22,7 @@ LUA_SRC  := $(wildcard lua/*.lua)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/%)
 
-.PHONY: all deps check check-graph check-unit check-lua check-integration check-mcp check-node demo fuzz clean bench bench-quick
+.PHONY: all deps check check-graph check-unit check-lua luacheck check-integration check-mcp check-node demo fuzz clean bench bench-quick
 all: stockade
 
 # ./stockade is a copy of the variant just built, so `make SAN=1 check` tests the sanitized one.
@@ -72,9 +72,13 @@ check-unit: $(UNIT_BIN)
 # LuaUnit suites: the bundled modules, every plugin, every shipped policy. Fixtures in
 # tests/fixtures find the plugins through STOCKADE_PLUGIN_PATH.
 LUA_TESTS := $(wildcard tests/lua/test_*.lua plugins/tests/test_*.lua policies/tests/test_*.lua)
-check-lua: stockade
+# luacheck with .luacheckrc: policies, plugins, the bundled Lua, the tests
+luacheck:
+	@luacheck --no-color -q lua policies plugins tests/lua tests/fixtures contrib/luals
+
+check-lua: stockade luacheck
 	@set -e; for t in $(LUA_TESTS); do echo "== $$t"; \
-	    STOCKADE_PLUGIN_PATH=$(CURDIR)/plugins ./stockade test $$t; done
+	    STOCKADE_PLUGIN_PATH=$(CURDIR)/plugins:$(CURDIR)/tests/fixtures/plugins ./stockade test $$t; done
 
 # Two runs: each directory has its own conftest.py.
 PYTEST := STOCKADE_BIN=$(CURDIR)/stockade STOCKADE_SANITIZED=$(SAN) PYTHONPATH=contrib/python \

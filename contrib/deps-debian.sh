@@ -4,7 +4,7 @@
 set -eu
 
 PKGS="gcc make pkg-config liblua5.4-dev lua5.4 libev-dev libmsgpack-dev libseccomp-dev nettle-dev lua-cjson-dev libjansson-dev \
-lua-unit lua-cjson libvectorscan-dev libpcre2-dev python3-msgpack python3-pytest json-schema-test-suite iproute2 strace curl nodejs \
+lua-unit lua-cjson lua-check libvectorscan-dev libpcre2-dev python3-msgpack python3-pytest json-schema-test-suite iproute2 strace curl nodejs \
 python3-pynvim python3-setuptools python3-pip"
 [ "${1:-}" = "--with-clang" ] && PKGS="$PKGS clang"
 

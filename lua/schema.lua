@@ -67,8 +67,8 @@ local M = {}
 local type, pairs, ipairs, next, rawequal, getmetatable, setmetatable =
       type, pairs, ipairs, next, rawequal, getmetatable, setmetatable
 local tostring, tonumber, error, pcall, select = tostring, tonumber, error, pcall, select
-local sformat, sbyte, ssub, sfind, sgsub, schar, srep =
-      string.format, string.byte, string.sub, string.find, string.gsub, string.char, string.rep
+local sformat, sbyte, ssub, sfind, sgsub, schar =
+      string.format, string.byte, string.sub, string.find, string.gsub, string.char
 local concat, sort = table.concat, table.sort
 local mtype, floor, huge, mabs, mmax = math.type, math.floor, math.huge, math.abs, math.max
 local ulen, ucodes, uchar = utf8.len, utf8.codes, utf8.char
@@ -1327,7 +1327,7 @@ local CHECKERS = {
   maxProperties = function(st, val) check_count(st, "maxProperties", val) end,
   dependentRequired = function(st, val)
     if not is_object(val) then cfail(st, "dependentRequired", "must be an object") end
-    for name, list in pairs(val) do check_string_list(st, "dependentRequired", list) end
+    for _, list in pairs(val) do check_string_list(st, "dependentRequired", list) end
   end,
   dependentSchemas = function(st, val) check_schema_map(st, "dependentSchemas", val) end,
   dependencies = function(st, val)

@@ -377,6 +377,20 @@ function M.policy(t)
   return p
 end
 
+-- The field names the loader accepts, by section: docs/policy-reference.md is checked
+-- against them (tests/lua/test_reference.lua), so the reference cannot drift.
+local function names(spec)
+  local out = {}
+  for k in pairs(spec) do out[#out + 1] = k end
+  table.sort(out)
+  return out
+end
+M.fields = {
+  policy = names(POLICY), timeouts = names(TIMEOUTS), limits = names(LIMITS),
+  alarms = names(LIMITS.alarms), env = names(POLICY.env), tool = names(TOOL),
+  tool_limits = names(TOOL_LIMITS), output = names(TOOL.output),
+}
+
 -- The module is shared by the policy and every plugin it requires: read-only all the
 -- way down, so a plugin cannot swap stockade.paths_beneath or schema.validate for
 -- everyone else. The proxy reads a snapshot no one else holds.

@@ -39,7 +39,8 @@ M.refused = {
   credential = "credentials are never handed to tools",
   submodule = "submodules fetch from the network",
   daemon = "git must not serve anything", ["upload-pack"] = "git must not serve anything",
-  ["receive-pack"] = "git must not serve anything", ["http-backend"] = "git must not serve anything",
+  ["receive-pack"] = "git must not serve anything",
+  ["http-backend"] = "git must not serve anything",
   ["filter-branch"] = "history rewriting is a human step",
   gc = "maintenance is not the agent's job", prune = "maintenance is not the agent's job",
 }
@@ -77,7 +78,8 @@ local function sub_grammar(entries)
 end
 -- diff, log, show share the diff options: -O<orderfile> reads a file
 local diff_options = {
-  { nil, "no-index", "flag" }, { "O", nil, "path" }, { nil, "relative", "optional" }, { "U", "unified", "value" },
+  { nil, "no-index", "flag" }, { "O", nil, "path" }, { nil, "relative", "optional" },
+  { "U", "unified", "value" },
   { nil, "src-prefix", "value" }, { nil, "dst-prefix", "value" },
   { nil, "diff-filter", "value" }, { "S", nil, "value" }, { "G", nil, "value" },
   { nil, "find-object", "value" }, { "l", nil, "value" }, { "n", "max-count", "value" },

@@ -239,9 +239,9 @@ return stockade.policy {
                  properties = { subcommand = { enum = GIT_SUBCOMMANDS },
                                 args = { type = "array", items = { type = "string" } } } },
       argv = function(args)
-        local argv = { "--no-pager", args.subcommand }
-        for _, a in ipairs(args.args or {}) do argv[#argv + 1] = a end
-        return argv
+        local out = { "--no-pager", args.subcommand }
+        for _, a in ipairs(args.args or {}) do out[#out + 1] = a end
+        return out
       end,
       accept = git.accept { local_writes = true },
       idempotent = git.idempotent,

@@ -35,7 +35,7 @@ end
 function test_argv_limits()
   local many = {}
   for i = 1, 65 do many[i] = "x" end
-  lua_many = p:decide("echo", many)
+  local lua_many = p:decide("echo", many)
   lu.assertEquals(lua_many.class, "POLICY_VIOLATION")
   lu.assertStrContains(lua_many.message, "argv too large")
 end

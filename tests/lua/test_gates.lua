@@ -365,8 +365,8 @@ function TestDiff.test_bad_input()
   local out, code = stockade("diff " .. OLD .. " " .. F .. "gates_broken.lua")
   lu.assertEquals(code, 1)
   lu.assertStrContains(out, "unknown field timeout")
-  _, code = stockade("diff " .. OLD)
-  lu.assertEquals(code, 2)
+  local _, usage = stockade("diff " .. OLD)
+  lu.assertEquals(usage, 2)
 end
 
 -- ---- budget -------------------------------------------------------------------------

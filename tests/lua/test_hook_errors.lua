@@ -34,7 +34,7 @@ function test_accept_crash_is_refused_and_says_why()
 end
 
 function test_redact_failure_withholds_and_says_why()
-  local out, n, err = p:redact("redactbad", "some output\n")
+  local out, _, err = p:redact("redactbad", "some output\n")
   lu.assertStrContains(out, "withheld")
   lu.assertStrContains(err, "must return a string")
 end

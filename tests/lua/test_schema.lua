@@ -801,8 +801,8 @@ local function run_suite_file(name)
       local kw = unsupported_in(g.schema)
       if kw then greason = "uses " .. kw end
     end
-    local schema_ok, schema_err = true, nil
-    if not greason then schema_ok, schema_err = schema.check_schema(g.schema) end
+    local valid_schema, schema_err = true, nil
+    if not greason then valid_schema, schema_err = schema.check_schema(g.schema) end
     for _, t in ipairs(g.tests) do
       total = total + 1
       local key = g.description .. " / " .. t.description
@@ -813,7 +813,7 @@ local function run_suite_file(name)
       else
         local ok, res, msg = pcall(schema.validate, g.schema, t.data)
         local problem
-        if not schema_ok then
+        if not valid_schema then
           problem = "check_schema refused the schema: " .. tostring(schema_err)
         elseif not ok then
           problem = "raised: " .. tostring(res)
