@@ -203,3 +203,25 @@ def test_hook_errors_are_logged_at_warn_with_tool_hook_and_line(tmp_path):
         assert "unknown class" in line, line
     finally:
         sp.stop()
+
+
+GC_LOOP = os.path.join(FIXTURES, "gc_loop.lua")
+
+
+def test_a_looping_finalizer_cannot_hang_run(tmp_path):
+    """`run` closes the Lua state on its way out, which runs every pending finalizer:
+    a policy cannot leave one behind."""
+    os.chmod(tmp_path, 0o755)
+    r = subprocess.run([BIN, "run", "--policy", GC_LOOP, "--state-dir", str(tmp_path), "--",
+                        "leaves_gc", "x"], capture_output=True, timeout=60)
+    assert r.returncode is not None
+
+
+def test_a_looping_finalizer_cannot_stall_serve(serve):
+    c = serve(GC_LOOP)
+    s = c.open_session()
+    for _ in range(40):
+        s.call("leaves_gc", ["x"])
+    # the server, the collector having come by, still answers
+    assert s.call("echo", ["alive"]).stdout == b"alive\n"
+    s.close()
