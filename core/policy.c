@@ -60,17 +60,15 @@ static void *policy_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     return q;
 }
 
-static void count_hook(lua_State *L, lua_Debug *ar)
+static void count_hook(lua_State *L, lua_Debug *ar);
+
+/* Charge steps to the running hook's budget: every HOOK_COUNT_STEP instructions (the
+ * count hook), and the steps of C functions that run outside it (pattern matching: see
+ * lua_match.c). Over budget or past the wall clock, abort. */
+static void charge_steps(lua_State *L, int64_t steps)
 {
     struct policy *p = policy_of(L);
-    if (ar->event == LUA_HOOKLINE) {
-        /* While the policy file runs: remember its line, for errors raised where the
-         * stack no longer shows it (`return stockade.policy{}` is a tail call). */
-        if (lua_getinfo(L, "S", ar) && strcmp(ar->what, "main") == 0)
-            p->load_line = ar->currentline;
-        return;
-    }
-    p->instr_used += HOOK_COUNT_STEP;
+    p->instr_used += steps;
     if (!p->over_budget &&
         (p->instr_used > p->instr_limit || now_ms() > p->hook_deadline_ms)) {
         p->over_budget = true;
@@ -82,19 +80,16 @@ static void count_hook(lua_State *L, lua_Debug *ar)
         luaL_error(L, "instruction budget exceeded");
 }
 
-/* Steps of C functions that run outside the instruction hook (pattern matching: see
- * lua_match.c), charged to the same budget; over it, the same abort. */
-static void charge_steps(lua_State *L, int64_t steps)
+static void count_hook(lua_State *L, lua_Debug *ar)
 {
-    struct policy *p = policy_of(L);
-    p->instr_used += steps;
-    if (!p->over_budget &&
-        (p->instr_used > p->instr_limit || now_ms() > p->hook_deadline_ms)) {
-        p->over_budget = true;
-        lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
+    if (ar->event == LUA_HOOKLINE) {
+        /* While the policy file runs: remember its line, for errors raised where the
+         * stack no longer shows it (`return stockade.policy{}` is a tail call). */
+        if (lua_getinfo(L, "S", ar) && strcmp(ar->what, "main") == 0)
+            policy_of(L)->load_line = ar->currentline;
+        return;
     }
-    if (p->over_budget)
-        luaL_error(L, "instruction budget exceeded");
+    charge_steps(L, HOOK_COUNT_STEP);
 }
 
 static policy_clock_fn clock_refresh;
