@@ -225,3 +225,27 @@ def test_a_looping_finalizer_cannot_stall_serve(serve):
     # the server, the collector having come by, still answers
     assert s.call("echo", ["alive"]).stdout == b"alive\n"
     s.close()
+
+
+def test_run_takes_structured_args_and_refuses_raw_argv_for_a_hook_tool(tmp_path):
+    """A tool with an argv hook: `run --args JSON` goes through the schema and the hook;
+    a raw argv, which would skip both, is refused."""
+    os.chmod(tmp_path, 0o755)
+    policy = os.path.join(FIXTURES, "integrity.lua")
+    env = dict(os.environ)
+    env.pop("STOCKADE_PLUGIN_PATH", None)       # the fixture's own plugins/ directory
+    ok = subprocess.run([BIN, "run", "--json", "--policy", policy, "--state-dir", str(tmp_path),
+                         "--args", '{"subcommand": "status"}', "--", "git"],
+                        capture_output=True, text=True, timeout=60, env=env)
+    import json
+    r = json.loads(ok.stdout)
+    # git ran (outside a repository it says so and exits 128): the hook built its argv
+    assert r["class"] in ("OK", "TOOL_ERROR") and r["exit_code"] is not None, r
+    bad = subprocess.run([BIN, "run", "--json", "--policy", policy, "--state-dir", str(tmp_path),
+                          "--", "git", "init"], capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert "POLICY_VIOLATION" in bad.stdout and "structured args" in bad.stdout, bad.stdout
+    schema = subprocess.run([BIN, "run", "--json", "--policy", policy, "--state-dir",
+                             str(tmp_path), "--args", '{"subcommand": "init"}', "--", "git"],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert "POLICY_VIOLATION" in schema.stdout and "enum" in schema.stdout, schema.stdout
