@@ -254,9 +254,9 @@ local DEFAULTS = {
     lease = 600000, idle_shutdown = 3600000, deadline_min = 100,
   },
   limits = {
-    memory = 512 * 1024 * 1024, address_space = 0, processes = 64, file_size = 1024 * 1024 * 1024,
-    open_files = 256, output = 1024 * 1024, stdin = 1024 * 1024, argv = 64,
-    disk = 2 * 1024 * 1024 * 1024, inodes = 100000,
+    memory = 512 * 1024 * 1024, address_space = 0, processes = 64,
+    file_size = 1024 * 1024 * 1024, open_files = 256, output = 1024 * 1024,
+    stdin = 1024 * 1024, argv = 64, disk = 2 * 1024 * 1024 * 1024, inodes = 100000,
     argv_bytes = 64 * 1024, sessions = 256, running = 64, depth = 4,
     lua_memory = 64 * 1024 * 1024, lua_instructions = 10000000,
     redact_hold = 1024 * 1024,
@@ -290,7 +290,7 @@ function M.tool(t)
     end
     return tool
   end)
-  if not ok then tool = { error = tostring(tool) } end
+  if not ok then tool = { _error = tostring(tool) } end
   tool.at = at
   made_tools[tool] = true
   return tool
@@ -366,7 +366,7 @@ function M.policy(t)
     if not made_tools[tool] then
       fail(locate(at, "tools." .. name), "tool %s: must be made with stockade.tool{}", name)
     end
-    if tool.error then tool_error(name, tool.error) end
+    if tool._error then tool_error(name, tool._error) end
     if tool.timeout and tool.timeout > p.timeouts.call_max then
       tool_error(name, string.format("%s: timeout: %d ms is above timeouts.call_max (%d ms)",
                                      locate(tool.at, "timeout"), tool.timeout,
