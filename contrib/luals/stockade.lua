@@ -25,6 +25,8 @@
 ---@alias stockade.RedactFn fun(text: string, ctx: { stream: string, tool: string, session: string }): string, integer?
 
 ---@class stockade.Redactor
+---@field regex string?
+---@field open string?
 ---@field pattern string?
 ---@field literal string?
 ---@field prefix string?
@@ -65,6 +67,7 @@
 ---@field sessions integer?
 ---@field running integer?
 ---@field depth integer?
+---@field redact_hold stockade.Size?
 ---@field lua_memory stockade.Size?
 ---@field lua_instructions integer?
 ---@field alarms stockade.Alarms?
