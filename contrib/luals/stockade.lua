@@ -60,6 +60,8 @@
 ---@field processes integer?
 ---@field file_size stockade.Size?
 ---@field open_files integer?
+---@field disk stockade.Size?
+---@field inodes integer?
 ---@field output stockade.Size?
 ---@field stdin stockade.Size?
 ---@field argv integer?
