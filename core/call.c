@@ -497,8 +497,14 @@ static void shim_done(struct call *c, const struct shim_report *rep, int wstatus
     ev_timer_stop(c->loop, &c->grace_timer);
     ev_io_stop(c->loop, &c->report_watcher);
     close_quietly(&c->child.status_fd);
+    bool on_runner = c->runner.sp.pid > 0;
+    if (on_runner && !rep && c->runner.successor_asked)
+        zygote_spare_lost(c->zygote);
+    /* back to the session's pool, ready for its next call; or ended */
+    zygote_runner_done(c->session->runners, &c->runner, rep != NULL);
     if (!rep) {
-        zygote_spare_lost(c->zygote);   /* it may have died before asking for a successor */
+        if (!on_runner)
+            zygote_spare_lost(c->zygote);   /* it may have died before asking for a successor */
         /* Only a killed shim reports nothing; its orphans are now ours to end. */
         int swept = proc_sweep_orphans();
         if (c->kill_class != CLASS_OK) {
@@ -711,6 +717,7 @@ static struct call *call_new(struct ev_loop *loop, struct policy *policy,
     c->out.fd = c->err.fd = -1;
     c->child = (struct spawn_child){.stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1,
                                     .status_fd = -1, .pidfd = -1};
+    c->runner.sp = (struct zyg_spare){-1, -1, -1};
     ev_timer_init(&c->answer_timer, on_answer_timer, 0, 0);
     ev_timer_init(&c->timeout_timer, on_timeout, 0, 0);
     ev_timer_init(&c->deadline_timer, on_deadline, 0, 0);
@@ -775,7 +782,10 @@ static int call_spawn(struct call *c, int64_t depth)
     struct zygote *z = session->zygote;
     if (!z && session->spawner && !session->spawner->broken)
         z = session->spawner;
-    int rc = z ? zygote_spawn(z, &sr, &c->child) : spawn_start(&sr, &c->child);
+    int rc = !z ? spawn_start(&sr, &c->child)
+             : zygote_runners_enabled() ? zygote_run(z, &session->runners, &sr, &c->child,
+                                                     &c->runner)
+                                        : zygote_spawn(z, &sr, &c->child);
     if (rc == 0)
         c->zygote = z;
     else if (z && z == session->spawner)
@@ -876,6 +886,9 @@ void call_free(struct call *c)
     if (c->state != CALL_ANSWERED && c->state != CALL_ACCEPTED)
         LOG_E("call %s freed while %d", c->req.tool, (int)c->state);
     stop_io(c);
+    /* never handed back (a call freed before its end): the runner cannot be trusted idle */
+    if (c->runner.sp.pid > 0)
+        zygote_runner_done(c->session->runners, &c->runner, false);
     call_request_free(&c->req);
     free(c->result.message);
     buf_free(&c->result.out);

@@ -14,6 +14,7 @@
 #include "redact.h"
 #include "spawn.h"
 #include "util.h"
+#include "zygote.h"
 
 struct policy;
 struct tool_def;
@@ -97,6 +98,7 @@ struct call {
     struct proc proc;
     bool shim_reaped;
     struct zygote *zygote;              /* whose spare runs the call (borrowed), or NULL */
+    struct zyg_runner runner;           /* the session's runner it runs on (pid -1: none) */
     ev_io report_watcher;               /* a zygote's shim: its report ends the call */
     bool ran;                           /* the tool ran and ended on its own */
     struct call_stream_state out, err;

@@ -1414,6 +1414,7 @@ static unsigned standby_count(struct server *srv, int wait_ms, unsigned *fds)
     unsigned procs = zygote_standby(srv->spawner, wait_ms, fds);
     for (struct srv_session *ss = srv->sessions; ss; ss = ss->next) {
         procs += zygote_standby(ss->s->zygote, wait_ms, fds);
+        procs += zygote_runners_standby(ss->s->runners, fds);
         if (fds && ss->s->landlock_fd >= 0)
             (*fds)++;
     }

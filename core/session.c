@@ -425,6 +425,8 @@ struct zygote *session_zygote_take(struct session *s)
 
 static void session_isolation_end(struct session *s)
 {
+    zygote_runners_free(s->runners);
+    s->runners = NULL;
     zygote_stop(s->zygote);
     s->zygote = NULL;
     s->spawner = NULL;

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 struct policy;
+struct runner_pool;
 struct zygote;
 struct session_record;
 
@@ -30,6 +31,7 @@ struct session {
     /* Its isolation (session_isolate), released by session_close: */
     struct zygote *zygote;      /* strict: the session's namespaces and mount tree */
     struct zygote *spawner;     /* process: the server's (borrowed), or NULL */
+    struct runner_pool *runners; /* its calls' runners, made on first use (zygote.h) */
     int landlock_fd;            /* process: the ruleset its tools restrict themselves to;
                                  * -1 when it could not be built (each tool then tries) */
     bool net_closed;            /* the policy's network is "none" */

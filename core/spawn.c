@@ -23,8 +23,14 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Inside the shim: fds 0,1,2 are the tool's stdio ends, 3 the report pipe. */
+/* Inside a one-call shim: fds 0,1,2 are the tool's stdio ends, 3 the report pipe. A
+ * runner keeps its request socket there, and gets each call's report pipe where recvmsg
+ * put it. */
 #define SHIM_STATUS_FD 3
+static int shim_status_fd = SHIM_STATUS_FD;
+/* A runner's /dev/null: it holds 0,1,2 between calls, so that no descriptor received for
+ * a call lands there. -1 in a one-call shim. */
+static int runner_devnull = -1;
 
 /* Signals the shim takes from sigtimedwait rather than handlers. */
 static void shim_sigset(sigset_t *set)
@@ -156,7 +162,7 @@ struct tool_start {
 static int tool_child(void *arg)
 {
     const struct tool_start *ts = arg;
-    close(SHIM_STATUS_FD);
+    close(shim_status_fd);
     tool_exec(ts->req, ts->cwd_fd, ts->errpipe);
 }
 
@@ -178,20 +184,27 @@ static void shim_report_write(const struct shim_report *r)
 {
     ssize_t n;
     do
-        n = write(SHIM_STATUS_FD, r, sizeof *r);
+        n = write(shim_status_fd, r, sizeof *r);
     while (n < 0 && errno == EINTR);
 }
 
-/* Reap every exited child; note the tool's status. Returns false once no child is left. */
-static bool shim_reap(pid_t tool, bool *tool_done, int *tool_status)
+/* Reap every exited child; note the tool's status, and add each child's CPU time and
+ * peak RSS to the report (per call: a runner's RUSAGE_CHILDREN counts all its calls).
+ * Returns false once no child is left. */
+static bool shim_reap(pid_t tool, bool *tool_done, int *tool_status, struct shim_report *rep)
 {
     for (;;) {
         int st;
-        pid_t pid = waitpid(-1, &st, WNOHANG);
+        struct rusage ru;
+        pid_t pid = wait4(-1, &st, WNOHANG, &ru);
         if (pid == 0)
             return true;
         if (pid < 0)
             return errno == EINTR ? true : false;
+        rep->cpu_us += (int64_t)ru.ru_utime.tv_sec * 1000000 + ru.ru_utime.tv_usec +
+                       (int64_t)ru.ru_stime.tv_sec * 1000000 + ru.ru_stime.tv_usec;
+        if (ru.ru_maxrss > rep->max_rss_kb)
+            rep->max_rss_kb = ru.ru_maxrss;
         if (pid == tool) {
             *tool_done = true;
             *tool_status = st;
@@ -471,44 +484,65 @@ static void shim_ask_successor(bool has_ready_fd)
 }
 
 /* The call ends before its tool could start: the report says why. */
-static _Noreturn void shim_fail(struct shim_report *rep, enum shim_outcome outcome, int err,
-                                bool has_ready_fd)
+static void shim_fail(struct shim_report *rep, enum shim_outcome outcome, int err,
+                      bool has_ready_fd)
 {
     rep->outcome = outcome;
     rep->err = err;
     shim_report_write(rep);
     shim_ask_successor(has_ready_fd);
-    _exit(0);
 }
 
-static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool has_ready_fd)
+/* The tool's stdio ends stay only with the tool, so EOF means the tree is done (the
+ * shim writes nothing but its report). A runner keeps 0,1,2 taken by /dev/null. */
+static void shim_drop_stdio(void)
+{
+    if (runner_devnull < 0) {
+        close_range(0, 2, 0);
+        return;
+    }
+    for (int fd = 0; fd <= 2; fd++)
+        dup2(runner_devnull, fd);
+}
+
+/* One call, in a shim or a runner whose stdio (0,1,2) are the tool's and whose report
+ * goes to shim_status_fd: start the tool, watch its tree, end it, reap every process of
+ * it, report. Returns with no child left. */
+static void shim_call(const struct spawn_req *req, bool pid1, bool has_ready_fd)
 {
     struct shim_report rep = {.magic = SHIM_REPORT_MAGIC};
     sigset_t set;
     shim_sigset(&set);
-    bool pid1 = getpid() == 1;
-
-    /* SIGUSR1 when the parent dies: the same "kill everything" path as a hard stop. */
-    if (prctl(PR_SET_PDEATHSIG, SIGUSR1, 0, 0, 0) < 0 || (!pid1 && getppid() != parent))
-        _exit(1);
-    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-    setsid();
 
     int rootfd = shim_open_root(req);
     int cwd_fd = rootfd >= 0 ? shim_open_cwd(req, rootfd) : -1;
-    if (cwd_fd < 0)
-        shim_fail(&rep, SHIM_CWD_REFUSED, errno, has_ready_fd);
+    if (cwd_fd < 0) {
+        int e = errno;
+        close_quietly(&rootfd);
+        shim_drop_stdio();
+        shim_fail(&rep, SHIM_CWD_REFUSED, e, has_ready_fd);
+        return;
+    }
     int errpipe[2];
-    if (pipe2(errpipe, O_CLOEXEC) < 0)
-        shim_fail(&rep, SHIM_FORK_FAILED, errno, has_ready_fd);
+    if (pipe2(errpipe, O_CLOEXEC) < 0) {
+        int e = errno;
+        close_quietly(&cwd_fd);
+        close_quietly(&rootfd);
+        shim_drop_stdio();
+        shim_fail(&rep, SHIM_FORK_FAILED, e, has_ready_fd);
+        return;
+    }
     pid_t tool = tool_spawn(req, cwd_fd, errpipe[1]);
+    int spawn_errno = errno;
     close(cwd_fd);
-    if (tool < 0)
-        shim_fail(&rep, SHIM_FORK_FAILED, errno, has_ready_fd);
     close(errpipe[1]);
-    /* The tool's stdio ends stay only with the tool, so EOF means the tree is done. (The
-     * shim writes nothing but its report.) */
-    close_range(0, 2, 0);
+    shim_drop_stdio();
+    if (tool < 0) {
+        close(errpipe[0]);
+        close_quietly(&rootfd);
+        shim_fail(&rep, SHIM_FORK_FAILED, spawn_errno, has_ready_fd);
+        return;
+    }
 
     int err = 0;
     ssize_t n;
@@ -535,7 +569,7 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool 
     }
 
     for (;;) {
-        if (!shim_reap(tool, &tool_done, &tool_status))
+        if (!shim_reap(tool, &tool_done, &tool_status, &rep))
             break;
         if (tool_done || killing) {
             /* The call is over: nothing it started may outlive it. */
@@ -585,15 +619,71 @@ static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool 
     }
 
     close_quietly(&rootfd);
-    struct rusage ru;
-    if (getrusage(RUSAGE_CHILDREN, &ru) == 0) {
-        rep.cpu_us = (int64_t)ru.ru_utime.tv_sec * 1000000 + ru.ru_utime.tv_usec +
-                     (int64_t)ru.ru_stime.tv_sec * 1000000 + ru.ru_stime.tv_usec;
-        rep.max_rss_kb = ru.ru_maxrss;
-    }
     rep.wstatus = tool_status;
     shim_report_write(&rep);
+}
+
+static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool has_ready_fd)
+{
+    bool pid1 = getpid() == 1;
+    /* SIGUSR1 when the parent dies: the same "kill everything" path as a hard stop. */
+    if (prctl(PR_SET_PDEATHSIG, SIGUSR1, 0, 0, 0) < 0 || (!pid1 && getppid() != parent))
+        _exit(1);
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    setsid();
+    shim_call(req, pid1, has_ready_fd);
     _exit(0);
+}
+
+static pid_t runner_parent;
+
+void spawn_runner_init(pid_t parent)
+{
+    if (!shim_prepared)
+        spawn_shim_prepare(false);
+    runner_parent = parent;
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    /* Its tools may share its uid (no root): they must not read its memory or its fds */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    setsid();
+    runner_devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (runner_devnull < 0)
+        _exit(1);
+    shim_drop_stdio();
+}
+
+/* The parent the runner was made by is still there (a pid namespace's init cannot tell:
+ * its SIGKILL on the parent's death, armed while idle, covers it). */
+static bool runner_parent_alive(void)
+{
+    return getpid() == 1 || getppid() == runner_parent;
+}
+
+bool spawn_runner_call(const struct spawn_req *req, int in_fd, int out_fd, int err_fd,
+                       int status_fd, bool ask_successor)
+{
+    /* A signal the supervisor sent for an earlier call (a stop racing its end) is that
+     * call's: taken off before this one starts. The supervisor signals a runner only
+     * about the call it last sent it. */
+    sigset_t set;
+    shim_sigset(&set);
+    struct timespec zero = {0, 0};
+    while (sigtimedwait(&set, NULL, &zero) > 0)
+        ;
+    /* During a call the parent's death ends the call's tree (SIGUSR1); while idle it ends
+     * the runner (SIGKILL). */
+    if (prctl(PR_SET_PDEATHSIG, SIGUSR1, 0, 0, 0) < 0 || !runner_parent_alive())
+        return false;
+    if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
+        return false;
+    close(in_fd);
+    close(out_fd);
+    close(err_fd);
+    shim_status_fd = status_fd;
+    shim_call(req, getpid() == 1, ask_successor);
+    close(status_fd);
+    shim_status_fd = -1;
+    return prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) == 0 && runner_parent_alive();
 }
 
 void spawn_shim_enter(const struct spawn_req *req, int in_fd, int out_fd, int err_fd,

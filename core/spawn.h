@@ -107,4 +107,16 @@ void spawn_shim_prepare(bool dispositions_default);
 _Noreturn void spawn_shim_enter(const struct spawn_req *req, int in_fd, int out_fd, int err_fd,
                                 int status_fd, pid_t parent, bool has_ready_fd);
 
+/* A runner: a spare that, rather than ending with its call, serves the next ones (zygote.h
+ * hands it each call). It is set up once as a shim is (signals, limits read, child
+ * subreaper, own session), and not dumpable; 0,1,2 hold /dev/null between calls.
+ * `parent`: as for spawn_shim_enter. */
+void spawn_runner_init(pid_t parent);
+/* One call on a runner, with these ends (all closed on return): the tool started, its
+ * tree ended and reaped to the last process, the report written. ask_successor: write
+ * SHIM_READY_FD once the tool runs (then closed). False when the runner must end (its
+ * parent is gone). */
+bool spawn_runner_call(const struct spawn_req *req, int in_fd, int out_fd, int err_fd,
+                       int status_fd, bool ask_successor);
+
 #endif

@@ -16,6 +16,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,7 @@ struct zyg_msg {
     uint32_t magic;
     uint32_t argc, envc, rwc;
     uint32_t drop_user, with_stdin, landlock, seccomp, walls;
+    uint32_t ask_successor;     /* its zygote's next spare: asked for once the tool runs */
     uint32_t uid, gid;
     uint64_t cwd_dev, cwd_ino;  /* the workspace the session created (spawn.h) */
     struct spawn_limits limits;
@@ -415,6 +417,7 @@ static void build_world(const struct zygote_config *cfg, uid_t outer_uid, gid_t 
 /* A request as the zygote got it, checked and pointing into its buffer. */
 struct zyg_request {
     struct spawn_req req;
+    bool ask_successor;
     char **argv, **envp, **rw;
 };
 
@@ -461,6 +464,7 @@ static bool zyg_request_parse(char *msg, size_t n, struct zyg_request *r)
         .walls = h.walls, .session_root = root,
         .rw_paths = (const char *const *)r->rw,
     };
+    r->ask_successor = h.ask_successor != 0;
     return true;
 }
 
@@ -468,14 +472,18 @@ static bool zyg_request_parse(char *msg, size_t n, struct zyg_request *r)
  * request. A call then costs the zygote a message, not a fork (forking is what a call
  * spends most of its time on here); the zygote makes the next spare after answering,
  * while the call runs. In a session's world the spare is pid 1 of a fresh pid namespace
- * in a copy of the mount tree, so that its /proc shows its own processes only. */
+ * in a copy of the mount tree, so that its /proc shows its own processes only.
+ *
+ * A spare is a runner: after its call (tree reaped, report written) it waits for the
+ * next request on the same socket, until the supervisor closes it (a one-call shim is a
+ * runner whose socket is closed once its request is sent). */
 static _Noreturn void spare_main(int sock, bool world, pid_t zygote, char *buf)
 {
     /* the request socket becomes fd 3 (over our copy of the supervisor's socket, which
      * is not ours to hold), the zygote's ask pipe fd 4; nothing else the zygote had open
      * stays */
     /* a spare outlives its zygote by nothing: the supervisor counts on a live zygote's
-     * spares only (its shim re-arms this for the supervisor's death, checked again) */
+     * spares only (its calls re-arm this for the supervisor's death, checked again) */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || (!world && getppid() != zygote))
         _exit(1);
     if (dup2(sock, ZYG_FD) < 0 || dup2(ZYG_ASK_W, SHIM_READY_FD) < 0)
@@ -486,14 +494,22 @@ static _Noreturn void spare_main(int sock, bool world, pid_t zygote, char *buf)
     spawn_shim_prepare(true);
     if (sandbox_seccomp_attach_base() < 0)
         _exit(1);
-    int fds[5], nfds;
-    ssize_t n = recv_with_fds(ZYG_FD, buf, ZYG_MAX_MSG, fds, 5, &nfds);
-    struct zyg_request r;
-    if (n <= 0 || nfds < 4 || !zyg_request_parse(buf, (size_t)n, &r))
-        _exit(0);           /* the supervisor went away, or sent garbage: cannot be */
-    if (nfds == 5)
-        r.req.landlock_fd = fds[4];
-    spawn_shim_enter(&r.req, fds[0], fds[1], fds[2], fds[3], world ? 0 : zygote, true);
+    spawn_runner_init(world ? 0 : zygote);
+    for (;;) {
+        int fds[5], nfds;
+        ssize_t n = recv_with_fds(ZYG_FD, buf, ZYG_MAX_MSG, fds, 5, &nfds);
+        struct zyg_request r;
+        if (n <= 0 || nfds < 4 || !zyg_request_parse(buf, (size_t)n, &r))
+            _exit(0);       /* the supervisor is done with it, went away, or sent garbage */
+        if (nfds == 5)
+            r.req.landlock_fd = fds[4];
+        bool ok = spawn_runner_call(&r.req, fds[0], fds[1], fds[2], fds[3], r.ask_successor);
+        if (nfds == 5)
+            close(fds[4]);
+        zyg_request_free(&r);
+        if (!ok)
+            _exit(0);
+    }
 }
 
 static void spare_release(struct zyg_spare *sp)
@@ -726,6 +742,9 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
     z->want = cfg->plain ? ZYG_POOL : 1;
     while (cfg->plain && z->asked < z->want && spare_ask(z) == 0)
         ;
+    /* a session's first runner, made while the client hears its session is open */
+    if (!cfg->plain && zygote_runners_enabled())
+        spare_ask(z);
     return z;
 }
 
@@ -756,13 +775,9 @@ static int spare_take(struct zygote *z, struct zyg_spare *out)
     }
 }
 
-int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_child *out)
+/* The request as it goes to a spare or a runner (ask_successor patched per spare). */
+static bool request_build(const struct spawn_req *req, struct buf *b)
 {
-    if (z->broken) {
-        errno = EPIPE;
-        return -1;
-    }
-    struct buf b = {0};
     struct zyg_msg h = {
         .magic = ZYG_MAGIC, .argc = (uint32_t)strv_len(req->argv),
         .envc = (uint32_t)strv_len(req->envp),
@@ -771,47 +786,103 @@ int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_chi
         .walls = req->walls, .uid = req->uid, .gid = req->gid, .limits = req->limits,
         .cwd_dev = (uint64_t)req->cwd_dev, .cwd_ino = (uint64_t)req->cwd_ino,
     };
-    buf_append(&b, &h, sizeof h);
-    put_str(&b, req->path);
-    put_str(&b, req->cwd);
-    put_str(&b, req->session_root);
+    buf_append(b, &h, sizeof h);
+    put_str(b, req->path);
+    put_str(b, req->cwd);
+    put_str(b, req->session_root);
     for (uint32_t i = 0; i < h.argc; i++)
-        put_str(&b, req->argv[i]);
+        put_str(b, req->argv[i]);
     for (uint32_t i = 0; i < h.envc; i++)
-        put_str(&b, req->envp[i]);
+        put_str(b, req->envp[i]);
     for (uint32_t i = 0; i < h.rwc; i++)
-        put_str(&b, req->rw_paths[i]);
-    if (b.len > ZYG_MAX_MSG) {
-        buf_free(&b);
+        put_str(b, req->rw_paths[i]);
+    if (b->len > ZYG_MAX_MSG) {
+        buf_free(b);
         errno = E2BIG;
+        return false;
+    }
+    return true;
+}
+
+static void request_set_ask(struct buf *b, bool ask)
+{
+    uint32_t v = ask;
+    memcpy(b->data + offsetof(struct zyg_msg, ask_successor), &v, sizeof v);
+}
+
+static bool runner_alive(const struct zyg_spare *sp)
+{
+    struct pollfd gone = {sp->pidfd, POLLIN, 0};
+    return poll(&gone, 1, 0) == 0;
+}
+
+/* An idle runner of the session's, alive: true and *out, else false. */
+static bool runner_take(struct runner_pool *pool, struct zyg_spare *out)
+{
+    while (pool && pool->nidle > 0) {
+        *out = pool->idle[--pool->nidle];
+        if (runner_alive(out))
+            return true;
+        spare_drop(out);            /* it died while it waited */
+    }
+    return false;
+}
+
+/* Send the call to a live spare (or, with `pool`, an idle runner first): 0 and *used, or
+ * -1 with errno. A spare that died while it waited is dropped (the pool is small); a send
+ * that fails all the same is retried once with another. */
+static int request_send(struct zygote *z, struct runner_pool *pool, struct buf *b,
+                        struct spawn_pipes *p, int landlock_fd, struct zyg_spare *used,
+                        bool *fresh)
+{
+    int fds[5] = {p->in[0], p->out[1], p->err[1], p->status[1], landlock_fd};
+    int nfds = landlock_fd >= 0 ? 5 : 4;
+    int e = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        struct zyg_spare sp;
+        *fresh = !runner_take(pool, &sp);
+        if (*fresh && spare_take(z, &sp) < 0)
+            return -1;
+        /* A fresh spare asks for its successor once its tool runs: in the spawner, whose
+         * spares every session draws on, always; in a session's zygote, only as a
+         * one-call shim (a runner pool grows on demand instead) */
+        bool ask = *fresh && (z->plain || !pool);
+        request_set_ask(b, ask);
+        if (send_with_fds(sp.sock, b->data, b->len, fds, nfds) == (ssize_t)b->len) {
+            if (ask)
+                z->coming++;
+            *used = sp;
+            return 0;
+        }
+        e = errno;
+        spare_drop(&sp);
+    }
+    errno = e;
+    return -1;
+}
+
+int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_child *out)
+{
+    if (z->broken) {
+        errno = EPIPE;
         return -1;
     }
+    struct buf b = {0};
+    if (!request_build(req, &b))
+        return -1;
     struct spawn_pipes p;
     if (spawn_pipes_open(&p, req->with_stdin) < 0) {
         buf_free(&b);
         return -1;
     }
-    /* A call goes only to a live spare: the request is sent after a look at its pidfd,
-     * and a spare that died while it waited is dropped (the pool is small). A send that
-     * fails all the same is retried once with another. */
-    int rc = -1, e = 0;
-    int fds[5] = {p.in[0], p.out[1], p.err[1], p.status[1], req->landlock_fd};
-    int nfds = req->landlock_fd >= 0 ? 5 : 4;
-    for (int attempt = 0; rc < 0 && attempt < 2; attempt++) {
-        struct zyg_spare sp;
-        if (spare_take(z, &sp) < 0) {
-            e = errno;
-            break;
-        }
-        if (send_with_fds(sp.sock, b.data, b.len, fds, nfds) == (ssize_t)b.len) {
-            close_quietly(&sp.sock);
-            spawn_pipes_finish(&p, sp.pid, sp.pidfd, out);
-            rc = 0;
-            z->coming++;        /* its shim asks for the next one once its tool runs */
-        } else {
-            e = errno;
-            spare_drop(&sp);
-        }
+    struct zyg_spare sp;
+    bool fresh;
+    int rc = request_send(z, NULL, &b, &p, req->landlock_fd, &sp, &fresh);
+    int e = errno;
+    if (rc == 0) {
+        /* a one-call shim: with its socket closed, it ends after its call */
+        close_quietly(&sp.sock);
+        spawn_pipes_finish(&p, sp.pid, sp.pidfd, out);
     }
     buf_free(&b);
     spawn_pipes_close(&p);
@@ -829,6 +900,87 @@ bool zygote_alive(struct zygote *z)
         return false;
     }
     return true;
+}
+
+bool zygote_runners_enabled(void)
+{
+    static int enabled = -1;
+    if (enabled < 0) {
+        const char *v = getenv("STOCKADE_RUNNERS");
+        enabled = !(v && strcmp(v, "0") == 0);
+    }
+    return enabled;
+}
+
+int zygote_run(struct zygote *z, struct runner_pool **pool, const struct spawn_req *req,
+               struct spawn_child *out, struct zyg_runner *runner)
+{
+    if (z->broken) {
+        errno = EPIPE;
+        return -1;
+    }
+    if (!*pool)
+        *pool = xcalloc(1, sizeof **pool);
+    struct buf b = {0};
+    if (!request_build(req, &b))
+        return -1;
+    struct spawn_pipes p;
+    if (spawn_pipes_open(&p, req->with_stdin) < 0) {
+        buf_free(&b);
+        return -1;
+    }
+    struct zyg_spare sp;
+    bool fresh;
+    int rc = request_send(z, *pool, &b, &p, req->landlock_fd, &sp, &fresh);
+    int e = errno;
+    int watch_fd = rc == 0 ? fcntl(sp.pidfd, F_DUPFD_CLOEXEC, 3) : -1;
+    if (rc == 0 && watch_fd < 0) {
+        e = errno;
+        spare_drop(&sp);            /* it has the call: ending it fails the call cleanly */
+        rc = -1;
+    }
+    if (rc == 0) {
+        /* the call watches its own copy of the pidfd; the runner keeps the other */
+        spawn_pipes_finish(&p, sp.pid, watch_fd, out);
+        *runner = (struct zyg_runner){sp, fresh && z->plain};
+        (*pool)->busy++;
+    }
+    buf_free(&b);
+    spawn_pipes_close(&p);
+    errno = e;
+    return rc;
+}
+
+void zygote_runner_done(struct runner_pool *pool, struct zyg_runner *r, bool reported)
+{
+    if (r->sp.pid <= 0)
+        return;
+    if (pool && pool->busy > 0)
+        pool->busy--;
+    if (reported && pool && pool->nidle < RUNNERS_MAX && runner_alive(&r->sp)) {
+        pool->idle[pool->nidle++] = r->sp;
+    } else {
+        spare_drop(&r->sp);
+    }
+    r->sp = (struct zyg_spare){-1, -1, -1};
+}
+
+unsigned zygote_runners_standby(const struct runner_pool *pool, unsigned *fds)
+{
+    if (!pool)
+        return 0;
+    if (fds)
+        *fds += 2u * (unsigned)pool->nidle;
+    return (unsigned)pool->nidle;
+}
+
+void zygote_runners_free(struct runner_pool *pool)
+{
+    if (!pool)
+        return;
+    while (pool->nidle > 0)
+        spare_drop(&pool->idle[--pool->nidle]);
+    free(pool);
 }
 
 unsigned zygote_standby(struct zygote *z, int wait_ms, unsigned *fds)

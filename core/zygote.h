@@ -50,6 +50,35 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err);
  * ahead of time (in a session's world, pid 1 of a fresh pid namespace); the request and
  * the call's pipes go to it directly, and the zygote is asked for the next one. */
 int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_child *out);
+/* Runners (spawn.h): a session keeps the spares its calls ran on, each ready for its
+ * next call, so that a call creates one process (the tool's). The pool grows to the
+ * session's calls in flight (at most RUNNERS_MAX kept idle); a runner is drawn from the
+ * session's zygote (strict), or from the server's spawner (process). Off with
+ * STOCKADE_RUNNERS=0 (every call then has a shim of its own). */
+#define RUNNERS_MAX 32
+struct runner_pool {
+    struct zyg_spare idle[RUNNERS_MAX];
+    int nidle;
+    int busy;               /* runners out on calls */
+};
+struct zyg_runner {
+    struct zyg_spare sp;    /* pid, the pool's pidfd, its request socket; pid -1: none */
+    bool successor_asked;   /* a fresh spare of the spawner's: it asks for its successor */
+};
+bool zygote_runners_enabled(void);
+/* Start a call on one of the session's runners (*pool made on first use), or a new one
+ * from z: like zygote_spawn; out->pidfd is the call's own copy. *runner holds it while
+ * the call runs. */
+int zygote_run(struct zygote *z, struct runner_pool **pool, const struct spawn_req *req,
+               struct spawn_child *out, struct zyg_runner *runner);
+/* The call on it is over: `reported` (its tree reaped), back to the pool; otherwise (or
+ * the pool full) ended. Idempotent. */
+void zygote_runner_done(struct runner_pool *pool, struct zyg_runner *r, bool reported);
+/* Idle runners (processes), and their descriptors added to *fds. */
+unsigned zygote_runners_standby(const struct runner_pool *pool, unsigned *fds);
+/* End the idle runners (none may be busy) and free the pool. */
+void zygote_runners_free(struct runner_pool *pool);
+
 /* A spare handed out ended without a report: its ask for a successor may never come. */
 void zygote_spare_lost(struct zygote *z);
 /* Processes it keeps ready: itself and its spares (delivered or on their way); 0 for
