@@ -321,9 +321,12 @@ int proc_signal_descendants(pid_t root, int sig, bool skip_registered)
             continue;
         pid_t ppid;
         char state;
-        /* With the pidfd held the pid cannot be reused; confirm it is still ours. */
-        if (read_stat(pid, &ppid, &state) == 0 && state != 'Z' && pidset_has(&tree, ppid)) {
-            if (pidfd_send_signal(pfd, sig, NULL, 0) == 0) {
+        /* With the pidfd held the pid cannot be reused; confirm it is still ours. A
+         * zombie is signalled too: it may be the leader of a thread group whose other
+         * threads run (the leader exited alone), which only a signal to the group ends;
+         * a plain zombie ignores it. Counted: live ones only. */
+        if (read_stat(pid, &ppid, &state) == 0 && pidset_has(&tree, ppid)) {
+            if (pidfd_send_signal(pfd, sig, NULL, 0) == 0 && state != 'Z') {
                 signalled++;
                 if (sig == SIGTERM)
                     pidfd_send_signal(pfd, SIGCONT, NULL, 0);
