@@ -14,7 +14,17 @@ OPT     := $(if $(SAN),-O1 -g $(SANFLAGS),-O2 -g)
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(WARN) $(HARDEN) $(OPT) -Icore -I$(B) \
            $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDFLAGS += -pie -Wl,-z,noexecstack -Wl,-z,relro -Wl,-z,now $(if $(SAN),$(SANFLAGS))
-LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm
+# The C libraries are linked in (the -dev packages ship the .a): a dynamic start-up maps
+# and relocates each shared library (measured: README, Performance). Shared still: libc;
+# jansson (its json_string() and util.h's would collide in a static link); vectorscan
+# (libhs.a is C++ and not position-independent: a PIE would need text relocations).
+# SAN=1 links all dynamically.
+DYNAMIC_LIBS := -lhs -ljansson
+STATIC_LIBS := $(filter-out $(DYNAMIC_LIBS),$(shell pkg-config --libs $(PKGS) 2>/dev/null)) -lev
+LDLIBS  += $(if $(SAN),$(STATIC_LIBS),-Wl,-Bstatic $(STATIC_LIBS) -Wl,-Bdynamic) \
+           $(DYNAMIC_LIBS) -ldl -lm
+# ... with Lua's API exported, for the C modules `stockade test` may load (lua-cjson)
+LDFLAGS += $(if $(SAN),,-Wl,--export-dynamic-symbol=lua_*,--export-dynamic-symbol=luaL_*)
 
 CORE_SRC := $(filter-out core/main.c,$(wildcard core/*.c))
 CORE_OBJ := $(CORE_SRC:core/%.c=$(B)/%.o) $(B)/lua_embed.o

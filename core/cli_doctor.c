@@ -105,7 +105,7 @@ static void print_guarantees(bool root, bool mountns)
 int cli_doctor(int argc, char **argv)
 {
     (void)argc, (void)argv;
-    const struct sandbox_caps *c = sandbox_caps();
+    const struct sandbox_caps *c = sandbox_caps_namespaces();
     printf("stockade doctor: running as uid %u%s\n", (unsigned)geteuid(),
            c->root ? " (root: per-session service uids, no user namespace needed)" : "");
     for (int l = 0; l < LAYER_COUNT; l++) {

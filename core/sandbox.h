@@ -22,8 +22,12 @@ struct sandbox_caps {
 };
 
 const char *sandbox_layer_name(enum sandbox_layer l);
-/* Probe once (forks short-lived children to try each namespace). */
+/* Probe once, without a process: Landlock, seccomp, root. The namespace layers read as
+ * unavailable ("not probed") until sandbox_caps_namespaces. */
 const struct sandbox_caps *sandbox_caps(void);
+/* The same with the namespaces probed, once (a short-lived child tries them all; one per
+ * namespace only if that fails, to tell which): for strict and doctor. */
+const struct sandbox_caps *sandbox_caps_namespaces(void);
 /* The names of the layers really active for calls at `level` (for hello and doctor);
  * fills out[] and returns how many. */
 size_t sandbox_active_layers(const char *level, const char **out);

@@ -71,7 +71,7 @@ static int try_unshare(int flags)
 }
 
 static struct sandbox_caps caps;
-static bool probed;
+static bool probed, ns_probed;
 
 static void ns_probe(enum sandbox_layer l, int flag, bool root)
 {
@@ -97,12 +97,9 @@ const struct sandbox_caps *sandbox_caps(void)
         return &caps;
     probed = true;
     caps.root = geteuid() == 0;
-    ns_probe(LAYER_USERNS, CLONE_NEWUSER, caps.root);
-    ns_probe(LAYER_MOUNTNS, CLONE_NEWNS, caps.root);
-    ns_probe(LAYER_PIDNS, CLONE_NEWPID, caps.root);
-    ns_probe(LAYER_NETNS, CLONE_NEWNET, caps.root);
-    ns_probe(LAYER_IPCNS, CLONE_NEWIPC, caps.root);
-    ns_probe(LAYER_UTSNS, CLONE_NEWUTS, caps.root);
+    /* the namespaces: sandbox_caps_namespaces, for what needs them (strict, doctor) */
+    for (int l = LAYER_USERNS; l <= LAYER_UTSNS; l++)
+        snprintf(caps.reason[l], sizeof caps.reason[l], "not probed");
     long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
     caps.landlock_abi = abi > 0 ? (int)abi : 0;
     caps.available[LAYER_LANDLOCK] = abi > 0;
@@ -139,10 +136,34 @@ const struct sandbox_caps *sandbox_caps(void)
     return &caps;
 }
 
+const struct sandbox_caps *sandbox_caps_namespaces(void)
+{
+    sandbox_caps();
+    if (ns_probed)
+        return &caps;
+    ns_probed = true;
+    /* One child tries them all; only when that fails, one each, to say which and why. */
+    static const int flags[] = {CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET,
+                                CLONE_NEWIPC, CLONE_NEWUTS};
+    int all = 0;
+    for (size_t i = 0; i < ARRAY_LEN(flags); i++)
+        all |= flags[i];
+    if (try_unshare(all) == 0) {
+        for (int l = LAYER_USERNS; l <= LAYER_UTSNS; l++) {
+            caps.available[l] = true;
+            caps.reason[l][0] = 0;
+        }
+        return &caps;
+    }
+    for (int l = LAYER_USERNS; l <= LAYER_UTSNS; l++)
+        ns_probe((enum sandbox_layer)l, flags[l - LAYER_USERNS], caps.root);
+    return &caps;
+}
+
 size_t sandbox_active_layers(const char *level, const char **out)
 {
-    const struct sandbox_caps *c = sandbox_caps();
     bool strict = strcmp(level, "strict") == 0;
+    const struct sandbox_caps *c = strict ? sandbox_caps_namespaces() : sandbox_caps();
     size_t n = 0;
     for (int l = 0; l < LAYER_COUNT; l++) {
         bool ns = l <= LAYER_UTSNS;
@@ -157,9 +178,9 @@ size_t sandbox_active_layers(const char *level, const char **out)
 
 bool sandbox_level_allowed(const char *level, char **why)
 {
-    const struct sandbox_caps *c = sandbox_caps();
     if (strcmp(level, "strict") != 0)
         return true;
+    const struct sandbox_caps *c = sandbox_caps_namespaces();
     static const enum sandbox_layer need[] = {LAYER_MOUNTNS, LAYER_PIDNS, LAYER_NETNS,
                                               LAYER_IPCNS, LAYER_UTSNS, LAYER_USERNS};
     for (size_t i = 0; i < ARRAY_LEN(need); i++) {

@@ -770,7 +770,8 @@ static int spare_take(struct zygote *z, struct zyg_spare *out)
             errno = EWOULDBLOCK;
             return -1;
         }
-        if (spare_ask(z) < 0 || spare_collect(z, true) < 0)
+        /* one already asked for (the session's first runner) is waited for, not doubled */
+        if ((z->asked == 0 && spare_ask(z) < 0) || spare_collect(z, true) < 0)
             return -1;
     }
 }

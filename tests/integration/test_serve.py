@@ -1532,8 +1532,9 @@ def test_spawner_killed_calls_go_on(serve, state_dir):
 
 
 def test_strict_spare_killed_next_call_still_runs(serve):
-    """A session's zygote keeps one spare; if it dies while it waits, the next call gets a
-    new one (and still runs in its own pid namespace)."""
+    """A session's zygote keeps its runner (a spare kept across calls); if it dies while
+    it waits, the next call gets a new one, whose pid namespace holds only itself and the
+    call's tool."""
     if os.geteuid() != 0 and not os.path.exists("/proc/self/ns/user"):
         pytest.skip("strict isolation needs root or user namespaces")
     srv_ = serve(policy=STRICT_POLICY)
@@ -1548,5 +1549,7 @@ def test_strict_spare_killed_next_call_still_runs(serve):
     wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in zygote_spares), 10,
                "the killed spare gone")
     for _ in range(5):
-        r = s.call("sh", ["-c", "echo $$"])
-        assert r.ok and r.stdout == b"2\n", (r.class_, r.message, r.stdout)
+        r = s.call("sh", ["-c", "echo $$; echo /proc/[0-9]*"])
+        assert r.ok, (r.class_, r.message, r.stdout)
+        pid, procs = r.stdout.decode().splitlines()
+        assert sorted(procs.split()) == sorted({"/proc/1", f"/proc/{pid}"}), r.stdout
