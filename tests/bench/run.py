@@ -220,6 +220,10 @@ class Ctx:
         return [self.stockade, "run", "--policy", POLICY[iso], "--state-dir", self.state, "--"]
 
 
+# Runners off: every call a shim of its own (core/zygote.h), for the comparison rows.
+ONE_SHIM = {"STOCKADE_RUNNERS": "0"}
+
+
 def run_floor(ctx, mode, n, cmd, keep_env=False, timeout=None):
     """floor.c: per-iteration ns (fork/spawn) or the batch's ns (par). Returns
     (samples_ns, error or None)."""
@@ -238,12 +242,12 @@ def run_floor(ctx, mode, n, cmd, keep_env=False, timeout=None):
     return xs, None
 
 
-def run_rawclient(ctx, opts, iso, timeout):
+def run_rawclient(ctx, opts, iso, timeout, env=None):
     """rawclient.c: parsed lines {key: [values]}; raises RuntimeError on failure."""
     argv = [ctx.rawclient] + [str(o) for o in opts] + ["--"] + ctx.serve_argv(iso)
     try:
-        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ctx.env,
-                           timeout=timeout)
+        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env=dict(ctx.env, **(env or {})), timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise RuntimeError(f"rawclient {' '.join(map(str, opts))}: timed out after {timeout}s") from e
     out = {}
@@ -441,6 +445,14 @@ def section_latency(ctx, bench):
                 bench.add(Row(sec, label, "ms", [x / 1e6 for x in col(out, "lat")], base=base,
                               key=f"raw:{iso}:{cmd_name}"))
                 if cmd_name == "true":
+                    # the same with runners off: a shim of its own per call (as before
+                    # runners), in the same run
+                    label1 = f"true: serve, raw C client, one shim per call ({iso})"
+                    out1 = run_rawclient(ctx, opts + ["-n", n, "--warmup", 5], iso, 600,
+                                         env=ONE_SHIM)
+                    bench.add(Row(sec, label1, "ms", [x / 1e6 for x in col(out1, "lat")],
+                                  base=base, key=f"raw1:{iso}:{cmd_name}",
+                                  note="STOCKADE_RUNNERS=0"))
                     bench.add(Row(sec, f"session.open round trip ({iso})", "ms",
                                   [x / 1e6 for x in col(probe_opens(ctx, iso), "open")],
                                   note="raw C client; see also section 4",
@@ -548,6 +560,18 @@ def section_parallel(ctx, bench):
             except RuntimeError as e:
                 bench.fail(label, str(e))
                 bench.skip(sec, label, "calls/s", "failed", key=f"par:{iso}:{k}")
+            if k in (8,) and not q:
+                label = f"{k} in flight: serve, one shim per call ({iso})"
+                try:
+                    out = run_rawclient(ctx, ["--mode", "par", "--inflight", k, "-n", nn,
+                                              "--reps", reps, "--tool", "true"], iso, 900,
+                                        env=ONE_SHIM)
+                    bench.add(Row(sec, label, "calls/s", col(out, "rate"), base=base,
+                                  better="higher", key=f"par1:{iso}:{k}",
+                                  note="STOCKADE_RUNNERS=0"))
+                except RuntimeError as e:
+                    bench.fail(label, str(e))
+                    bench.skip(sec, label, "calls/s", "failed", key=f"par1:{iso}:{k}")
 
 
 # ---------------------------------------------------------------------------- section 3
@@ -600,7 +624,90 @@ def section_stream(ctx, bench):
 # ---------------------------------------------------------------------------- sections 4, 5
 
 
+def pss_kb(pid):
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def descendants(pid):
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                kids = [int(x) for x in f.read().split()]
+        except OSError:
+            kids = []
+        out += kids
+        todo += kids
+    return out
+
+
+def runner_memory(ctx, bench, iso):
+    """What a session's runner pool costs: the serve tree's PSS with N sessions open, then
+    after one call in each (process: the runner is drawn then; strict: made at open, so
+    the figure is the runner's own PSS, found below each session's zygote)."""
+    sys.path.insert(0, os.path.join(REPO, "contrib", "python"))
+    from stockade_client import Client   # noqa: E402  (needs python3-msgpack)
+    nsess = 8 if ctx.args.quick else 32
+    c = Client.spawn(ctx.serve_argv(iso), rpc_timeout=120, env=ctx.env, stderr=ctx.serve_log)
+    try:
+        c.hello()
+        sessions = [c.open_session() for _ in range(nsess)]
+        c.stats()
+        before = sum(pss_kb(p) for p in descendants(c.proc.pid))
+        for s in sessions:
+            r = s.call("true", [])
+            if r.class_ != "OK":
+                raise RuntimeError(f"call true answered {r.class_}: {r.message}")
+        standby = c.stats().get("standby", 0)
+        tree = descendants(c.proc.pid)
+        after = sum(pss_kb(p) for p in tree)
+        if iso == "strict":
+            # a session's zygote is a child of serve; its runner is the zygote's child
+            runners = []
+            with open(f"/proc/{c.proc.pid}/task/{c.proc.pid}/children") as f:
+                for z in (int(x) for x in f.read().split()):
+                    with open(f"/proc/{z}/task/{z}/children") as g:
+                        runners += [int(x) for x in g.read().split()]
+            # (the spawner's spares, in the server's pid namespace, are not a session's)
+            host_ns = os.readlink(f"/proc/{c.proc.pid}/ns/pid")
+            per = [pss_kb(p) for p in runners
+                   if os.path.exists(f"/proc/{p}") and os.readlink(f"/proc/{p}/ns/pid") != host_ns]
+        else:
+            per = [(after - before) / nsess]
+        for s in sessions:
+            s.close()
+    finally:
+        c.close()
+        try:
+            c.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            c.proc.kill()
+            c.proc.wait()
+    bench.add(Row("4 memory", f"runner pool per session, one call in flight ({iso})", "KiB",
+                  per, key=f"runner:{iso}",
+                  note=f"PSS; {nsess} sessions, {standby} processes standing by"))
+
+
 def section_memory(ctx, bench):
+    for iso in ("process", "strict"):
+        try:
+            runner_memory(ctx, bench, iso)
+        except Exception as e:   # noqa: BLE001  (any failure of stockade is reported)
+            bench.fail(f"runner memory ({iso})", f"{type(e).__name__}: {e}")
+            bench.skip("4 memory", f"runner pool per session ({iso})", "KiB", "failed",
+                       key=f"runner:{iso}")
+    section_sessions(ctx, bench)
+
+
+def section_sessions(ctx, bench):
     q = ctx.args.quick
     counts = {"process": (16, 64) if q else (256, 1000),
               "strict": (16, 64) if q else (256, 1000)}
