@@ -862,7 +862,11 @@ static int request_send(struct zygote *z, struct runner_pool *pool, struct buf *
     return -1;
 }
 
-int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_child *out)
+/* Hand the call to a spare and its pipes: with `pool`, to one of the session's runners
+ * (out->pidfd the call's own copy, *runner holding it); without, to a one-call shim,
+ * whose socket is closed once the request is sent, so that it ends after its call. */
+static int start_on(struct zygote *z, struct runner_pool *pool, const struct spawn_req *req,
+                    struct spawn_child *out, struct zyg_runner *runner)
 {
     if (z->broken) {
         errno = EPIPE;
@@ -878,17 +882,33 @@ int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_chi
     }
     struct zyg_spare sp;
     bool fresh;
-    int rc = request_send(z, NULL, &b, &p, req->landlock_fd, &sp, &fresh);
+    int rc = request_send(z, pool, &b, &p, req->landlock_fd, &sp, &fresh);
     int e = errno;
-    if (rc == 0) {
-        /* a one-call shim: with its socket closed, it ends after its call */
+    if (rc == 0 && !pool) {
         close_quietly(&sp.sock);
         spawn_pipes_finish(&p, sp.pid, sp.pidfd, out);
+    } else if (rc == 0) {
+        int watch_fd = fcntl(sp.pidfd, F_DUPFD_CLOEXEC, 3);
+        if (watch_fd < 0) {
+            e = errno;
+            spare_drop(&sp);        /* it has the call: ending it fails the call cleanly */
+            rc = -1;
+        } else {
+            /* the call watches its own copy of the pidfd; the runner keeps the other */
+            spawn_pipes_finish(&p, sp.pid, watch_fd, out);
+            *runner = (struct zyg_runner){sp, fresh && z->plain};
+            pool->busy++;
+        }
     }
     buf_free(&b);
     spawn_pipes_close(&p);
     errno = e;
     return rc;
+}
+
+int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_child *out)
+{
+    return start_on(z, NULL, req, out, NULL);
 }
 
 bool zygote_alive(struct zygote *z)
@@ -916,40 +936,9 @@ bool zygote_runners_enabled(void)
 int zygote_run(struct zygote *z, struct runner_pool **pool, const struct spawn_req *req,
                struct spawn_child *out, struct zyg_runner *runner)
 {
-    if (z->broken) {
-        errno = EPIPE;
-        return -1;
-    }
     if (!*pool)
         *pool = xcalloc(1, sizeof **pool);
-    struct buf b = {0};
-    if (!request_build(req, &b))
-        return -1;
-    struct spawn_pipes p;
-    if (spawn_pipes_open(&p, req->with_stdin) < 0) {
-        buf_free(&b);
-        return -1;
-    }
-    struct zyg_spare sp;
-    bool fresh;
-    int rc = request_send(z, *pool, &b, &p, req->landlock_fd, &sp, &fresh);
-    int e = errno;
-    int watch_fd = rc == 0 ? fcntl(sp.pidfd, F_DUPFD_CLOEXEC, 3) : -1;
-    if (rc == 0 && watch_fd < 0) {
-        e = errno;
-        spare_drop(&sp);            /* it has the call: ending it fails the call cleanly */
-        rc = -1;
-    }
-    if (rc == 0) {
-        /* the call watches its own copy of the pidfd; the runner keeps the other */
-        spawn_pipes_finish(&p, sp.pid, watch_fd, out);
-        *runner = (struct zyg_runner){sp, fresh && z->plain};
-        (*pool)->busy++;
-    }
-    buf_free(&b);
-    spawn_pipes_close(&p);
-    errno = e;
-    return rc;
+    return start_on(z, *pool, req, out, runner);
 }
 
 void zygote_runner_done(struct runner_pool *pool, struct zyg_runner *r, bool reported)
