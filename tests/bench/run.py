@@ -51,6 +51,7 @@ BUILD = os.path.join(REPO, "build", "bench")
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 POLICY = {"process": os.path.join(FIXTURES, "bench_process.lua"),
           "strict": os.path.join(FIXTURES, "bench_strict.lua")}
+RUN_PLAIN = os.path.join(FIXTURES, "bench_run_plain.lua")
 GIB = 1 << 30
 
 # ---------------------------------------------------------------------------- statistics
@@ -405,6 +406,22 @@ def section_latency(ctx, bench):
             else:
                 bench.add(Row(sec, label, "ms", [x / 1e6 for x in xs], base=base,
                               key=f"run:{iso}:{cmd_name}"))
+        if cmd_name == "true":
+            # the same with a policy that has nothing to compile at start (no redactors):
+            # the binary's and the call's start without the secret set's compile
+            argv = [ctx.stockade, "run", "--policy", RUN_PLAIN, "--state-dir", ctx.state,
+                    "--", "true"]
+            label = "true: stockade run (process), a policy without redactors"
+            probe, err = run_floor(ctx, "fork", 3, argv, keep_env=True, timeout=120)
+            if not err:
+                xs, err = run_floor(ctx, "fork", iterations(ctx, probe, B, LO, HI), argv,
+                                    keep_env=True, timeout=600)
+            if err:
+                bench.fail(label, err)
+                bench.skip(sec, label, "ms", "failed", key="run:plain")
+            else:
+                bench.add(Row(sec, label, "ms", [x / 1e6 for x in xs], base=base,
+                              key="run:plain"))
         # serve: the Python client, then the raw C client
         for iso in ("process", "strict"):
             label = f"{cmd_name}: serve, Python client ({iso})"
