@@ -6,10 +6,10 @@
  * killed and reaped, never left running. Children kept on purpose (zygotes) are known
  * here too, and ended through proc_kill_reap.
  *
- * The one exception in the supervisor: sandbox_caps() forks throwaway children to probe
- * the kernel and waits for them itself, once, at start-up (before the loop runs). Other
- * processes reap their own: a shim its tool's tree (spawn.c), `stockade test` its test
- * files (testing.c). */
+ * The one exception in the supervisor: sandbox_caps_namespaces() forks a throwaway child
+ * (one per namespace if that fails) to probe the kernel and waits for it itself, once,
+ * when strict isolation or doctor first asks. Other processes reap their own: a shim or
+ * a runner its tool's tree (spawn.c), `stockade test` its test files (testing.c). */
 #include <ev.h>
 #include <stdbool.h>
 #include <sys/types.h>
