@@ -500,8 +500,10 @@ static void shim_done(struct call *c, const struct shim_report *rep, int wstatus
     bool on_runner = c->runner.sp.pid > 0;
     if (on_runner && !rep && c->runner.successor_asked)
         zygote_spare_lost(c->zygote);
-    /* back to the session's pool, ready for its next call; or ended */
-    zygote_runner_done(c->session->runners, &c->runner, rep != NULL);
+    /* back to the session's pool, ready for its next call; or ended: without a report,
+     * or when its zygote is gone (it ends as soon as it sees that, after its report) */
+    zygote_runner_done(c->session->runners, &c->runner,
+                       rep != NULL && zygote_alive(c->zygote));
     if (!rep) {
         if (!on_runner)
             zygote_spare_lost(c->zygote);   /* it may have died before asking for a successor */

@@ -74,9 +74,12 @@ def test_reattach_after_kill9_shows_files(servers, state_dir, level):
     r = s2.call("sh", ["-c", "cat $AGENT_ROOT/workspace/repo/file.txt"])
     assert r.ok and r.stdout == b"edits\n", (r.class_, r.message, r.stderr)
     if level == "strict":
-        # its zygote was rebuilt: the call runs in a pid namespace of its own again
-        r = s2.call("sh", ["-c", "echo $$"])
-        assert r.ok and r.stdout == b"2\n", (r.class_, r.message, r.stdout)
+        # its zygote was rebuilt: the call runs in a pid namespace of its own again (its
+        # runner's: only its init and the call's own processes are there)
+        r = s2.call("sh", ["-c", "echo $$; echo /proc/[0-9]*"])
+        assert r.ok, (r.class_, r.message, r.stdout)
+        pid, procs = r.stdout.decode().splitlines()
+        assert sorted(procs.split()) == sorted({"/proc/1", f"/proc/{pid}"}), r.stdout
     assert c2.stats()["sessions"] == 1
     assert s2.close()["removed"] is True
     assert sessions_left(state_dir) == []
