@@ -10,6 +10,11 @@
  *   secprobe compat-tcp HOST PORT   socket() through the 32-bit entry (int 0x80,
  *                                   socketcall), which a native-only filter may not see
  *   secprobe x32-tcp    HOST PORT   socket() with the x32 syscall bit
+ *   secprobe compat-entry           does this kernel serve int 0x80 at all? A child makes
+ *                                   a harmless getpid through it; "compat_entry ok" or
+ *                                   "compat_entry absent <signal>" (a kernel without
+ *                                   IA32 emulation, or booted ia32_emulation=0, kills
+ *                                   the caller with SIGSEGV)
  *   secprobe ptrace     PID         PTRACE_ATTACH, PTRACE_SEIZE, process_vm_readv,
  *                                   pidfd_open + pidfd_getfd on PID
  */
@@ -145,6 +150,34 @@ static int compat_socket(int domain, int type)
     return (int)ret;
 }
 
+/* The premise of compat-tcp: in a child, so a kernel that answers int 0x80 with SIGSEGV
+ * kills only the child. Exit status 0 means the entry answered getpid (20 on i386). */
+static int compat_entry(void)
+{
+    pid_t child = fork();
+    if (child < 0) {
+        report("compat_entry", -1, errno, NULL);
+        return 1;
+    }
+    if (child == 0) {
+        long ret;
+        __asm__ volatile("int $0x80" : "=a"(ret) : "a"(20L) : "memory");
+        _exit(ret == (long)getpid() ? 0 : 3);
+    }
+    int st;
+    if (waitpid(child, &st, 0) < 0) {
+        report("compat_entry", -1, errno, NULL);
+        return 1;
+    }
+    if (WIFSIGNALED(st))
+        printf("compat_entry absent %s\n", sigabbrev_np(WTERMSIG(st)) ? sigabbrev_np(WTERMSIG(st)) : "?");
+    else if (WEXITSTATUS(st) != 0)
+        printf("compat_entry absent getpid-mismatch\n");
+    else
+        printf("compat_entry ok\n");
+    return 0;
+}
+
 static int do_ptrace(pid_t pid)
 {
     long rc = ptrace(PTRACE_ATTACH, pid, 0, 0);
@@ -176,11 +209,13 @@ static int do_ptrace(pid_t pid)
 
 int main(int argc, char **argv)
 {
-    if (argc < 3) {
+    if (argc < 2 || (argc < 3 && strcmp(argv[1], "compat-entry") != 0)) {
         fprintf(stderr, "usage: secprobe MODE ARGS...\n");
         return 2;
     }
     const char *mode = argv[1];
+    if (!strcmp(mode, "compat-entry"))
+        return compat_entry();
     if (!strcmp(mode, "ptrace"))
         return do_ptrace((pid_t)atoi(argv[2]));
     if (argc < 4)

@@ -360,6 +360,8 @@ def test_connect_loopback_tcp(sbx, listen, level):
 
 
 def test_connect_loopback_ipv6_and_udp(sbx, listen, level):
+    if not socket.has_ipv6 or not _loopback6():
+        pytest.skip("the host has no IPv6 loopback (::1 cannot be bound): nothing to reach")
     lt = listen(socket.AF_INET6, socket.SOCK_STREAM, ("::1", 0))
     lu = listen(socket.AF_INET, socket.SOCK_DGRAM, ("127.0.0.1", 0))
     cp = as_nobody(f"/usr/bin/python3 -c '{PY_CONNECT}' 6 tcp ::1 {lt.port}; "
@@ -373,6 +375,15 @@ def test_connect_loopback_ipv6_and_udp(sbx, listen, level):
         f"[{level}] reached the host: tcp6 {lt.hits} udp {lu.hits}\n{r}"
 
 
+def _loopback6():
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
 @pytest.mark.parametrize("mode,kind", [("uring-tcp", socket.SOCK_STREAM),
                                         ("uring-udp", socket.SOCK_DGRAM),
                                         ("compat-tcp", socket.SOCK_STREAM),
@@ -382,6 +393,11 @@ def test_connect_loopback_seccomp_bypass(sbx, listen, secprobe, level, mode, kin
     IORING_OP_SOCKET (io_uring_setup is not in the deny list), the i386 entry point
     (int 0x80 socketcall), the x32 bit. For UDP Landlock has no rule at all, so under
     `process` seccomp is the only wall."""
+    if mode == "compat-tcp":
+        entry = as_nobody(f"{secprobe} compat-entry")
+        if b"compat_entry ok" not in entry.stdout:
+            pytest.skip("the kernel does not serve int 0x80 (no IA32 emulation, or booted "
+                        f"ia32_emulation=0): nothing to bypass; probe said {entry.stdout!r}")
     lst = listen(socket.AF_INET, kind, ("127.0.0.1", 0))
     cp = as_nobody(f"{secprobe} {mode} 127.0.0.1 {lst.port}")
     if mode == "x32-tcp" and b"ENOSYS" in cp.stdout:
@@ -445,6 +461,14 @@ def _sample_tracer(pids, stop, seen):
         time.sleep(0.005)
 
 
+def _yama_ptrace_scope():
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
 def test_ptrace_supervisor(sbx, secprobe, marker, level):
     """ptrace the supervisor (a root process) and, more honestly, a process of the tool's
     own uid (only seccomp stands there). Host side: TracerPid of both stays 0 throughout,
@@ -452,6 +476,10 @@ def test_ptrace_supervisor(sbx, secprobe, marker, level):
     m = marker()
     # Control: as nobody on the host, ptrace of an own child works.
     cp = as_nobody(f'sleep 5.{m}1 & {secprobe} ptrace $!; kill -9 $!; wait')
+    scope = _yama_ptrace_scope()
+    if b"ptrace_attach ok" not in cp.stdout and scope >= 2:
+        pytest.skip(f"kernel.yama.ptrace_scope = {scope}: an ordinary user cannot ptrace "
+                    "even its own child on this host, so the control cannot run")
     assert b"ptrace_attach ok" in cp.stdout, cp
     script = (f'read SUP; sleep 8.{m} & V=$!; '
               f'strace -p "$SUP" -o /dev/null & S1=$!; strace -p "$V" -o /dev/null & S2=$!; '
@@ -586,7 +614,11 @@ def test_tiocsti_terminal_injection(sbx, level):
     try:
         tty.setraw(slave)
         # Control: TIOCSTI works on this pty and the check below sees it.
-        fcntl.ioctl(slave, termios.TIOCSTI, b"C")
+        try:
+            fcntl.ioctl(slave, termios.TIOCSTI, b"C")
+        except OSError as e:
+            pytest.skip(f"TIOCSTI is refused on this host even to the test ({e}): "
+                        "nothing to inject, so nothing to stop")
         fcntl.fcntl(slave, fcntl.F_SETFL, os.O_NONBLOCK)
         assert os.read(slave, 100) == b"C"
 
