@@ -1,8 +1,25 @@
-# stockade — build, test, demo. `make`, `make check`, `make demo`, `make SAN=1 check`.
+# stockade — build, test, demo, install. `make`, `make check`, `make demo`,
+# `make SAN=1 check`, `make install`, `make deb`.
 CC      ?= cc
 PYTHON  := /usr/bin/python3
-PKGS    := lua5.4 lua5.4-cjson msgpack libseccomp nettle jansson libhs libpcre2-8
 DEPS    := contrib/deps-debian.sh
+# The version is defined once: the top entry of debian/changelog.
+VERSION := $(shell head -n1 debian/changelog | cut -d' ' -f2 | tr -d '()')
+
+# pkg-config names; msgpack-c's file is msgpack.pc on Debian 12, msgpack-c.pc on Debian 13
+# and Ubuntu 24.04.
+have_pc  = $(shell pkg-config --exists $(1) 2>/dev/null && echo $(1))
+MSGPACK_PC := $(or $(call have_pc,msgpack-c),$(call have_pc,msgpack),msgpack-c)
+PKGS    := lua5.4 lua5.4-cjson $(MSGPACK_PC) libseccomp nettle jansson libhs libpcre2-8 libsystemd
+# the Debian package that ships each .pc (and libev's header, which has no .pc)
+DEB_OF  := lua5.4=liblua5.4-dev lua5.4-cjson=lua-cjson-dev msgpack=libmsgpack-dev \
+           msgpack-c=libmsgpack-c-dev libseccomp=libseccomp-dev nettle=nettle-dev \
+           jansson=libjansson-dev libhs=libvectorscan-dev libpcre2-8=libpcre2-dev \
+           libsystemd=libsystemd-dev ev.h=libev-dev pkg-config=pkg-config
+MISSING := $(if $(shell command -v pkg-config),,pkg-config) \
+           $(foreach p,$(PKGS),$(if $(call have_pc,$(p)),,$(p))) \
+           $(if $(wildcard /usr/include/ev.h /usr/local/include/ev.h),,ev.h)
+MISSING := $(strip $(MISSING))
 
 VARIANT := $(if $(SAN),san,rel)
 B       := build/$(VARIANT)
@@ -17,9 +34,9 @@ LDFLAGS += -pie -Wl,-z,noexecstack -Wl,-z,relro -Wl,-z,now $(if $(SAN),$(SANFLAG
 # The C libraries are linked in (the -dev packages ship the .a): a dynamic start-up maps
 # and relocates each shared library (measured: README, Performance). Shared still: libc;
 # jansson (its json_string() and util.h's would collide in a static link); vectorscan
-# (libhs.a is C++ and not position-independent: a PIE would need text relocations).
-# SAN=1 links all dynamically.
-DYNAMIC_LIBS := -lhs -ljansson
+# (libhs.a is C++ and not position-independent: a PIE would need text relocations);
+# libsystemd (Debian ships no libsystemd.a). SAN=1 links all dynamically.
+DYNAMIC_LIBS := -lhs -ljansson -lsystemd
 STATIC_LIBS := $(filter-out $(DYNAMIC_LIBS),$(shell pkg-config --libs $(PKGS) 2>/dev/null)) -lev
 LDLIBS  += $(if $(SAN),$(STATIC_LIBS),-Wl,-Bstatic $(STATIC_LIBS) -Wl,-Bdynamic) \
            $(DYNAMIC_LIBS) -ldl -lm
@@ -29,11 +46,19 @@ LDFLAGS += $(if $(SAN),,-Wl,--export-dynamic-symbol=lua_*,--export-dynamic-symbo
 CORE_SRC := $(filter-out core/main.c,$(wildcard core/*.c))
 CORE_OBJ := $(CORE_SRC:core/%.c=$(B)/%.o) $(B)/lua_embed.o
 LUA_SRC  := $(wildcard lua/*.lua)
+PLUGIN_SRC := $(wildcard plugins/*.lua)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/%)
 
-.PHONY: all deps check check-graph check-unit check-lua luacheck check-integration check-mcp check-node demo fuzz clean bench bench-quick
+.PHONY: all deps check check-graph check-unit check-lua luacheck check-integration check-mcp \
+        check-node demo fuzz clean bench bench-quick build-deps install uninstall man deb
 all: stockade
+
+# A missing build dependency is named in one line, before any compiler error about it.
+build-deps:
+ifneq ($(MISSING),)
+	@echo "stockade: missing build dependencies: $(MISSING) (Debian/Ubuntu packages:$(foreach m,$(MISSING), $(patsubst $(m)=%,%,$(filter $(m)=%,$(DEB_OF))))); run 'make deps' as root" >&2; exit 1
+endif
 
 # ./stockade is a copy of the variant just built, so `make SAN=1 check` tests the sanitized one.
 stockade: $(B)/stockade FORCE
@@ -44,14 +69,20 @@ $(B)/stockade: $(B)/main.o $(CORE_OBJ)
 	@echo "  LD    $@"
 	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(B)/%.o: core/%.c $(wildcard core/*.h) | $(B)/.dir
+$(B)/%.o: core/%.c $(wildcard core/*.h) $(B)/version.h | $(B)/.dir build-deps
 	@echo "  CC    $<"
 	@$(CC) $(CFLAGS) -c -o $@ $<
 
-# The bundled Lua (lua/*.lua) is compiled into the binary so that a policy always meets
-# the API version the core was built with.
-$(B)/lua_embed.c: $(LUA_SRC) contrib/embed-lua.sh | $(B)/.dir
-	@sh contrib/embed-lua.sh $(LUA_SRC) > $@
+# Rewritten only when the version changes, so a rebuild stays incremental.
+$(B)/version.h: debian/changelog | $(B)/.dir
+	@echo '#define STOCKADE_VERSION "$(VERSION)"' > $@.tmp
+	@cmp -s $@.tmp $@ && rm -f $@.tmp || mv -f $@.tmp $@
+
+# The bundled Lua (lua/*.lua) and the shipped plugins (plugins/*.lua, as plugins.NAME) are
+# compiled into the binary so that a policy always meets the API version the core was
+# built with, wherever the policy lives.
+$(B)/lua_embed.c: $(LUA_SRC) $(PLUGIN_SRC) contrib/embed-lua.sh | $(B)/.dir
+	@sh contrib/embed-lua.sh $(LUA_SRC) $(PLUGIN_SRC) > $@
 $(B)/lua_embed.o: $(B)/lua_embed.c
 	@$(CC) $(CFLAGS) -c -o $@ $<
 
@@ -121,10 +152,12 @@ FZ_FLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer -Icore -I$(FZ)
             $(shell pkg-config --cflags $(PKGS) 2>/dev/null) \
             -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
 FZ_OBJ   := $(CORE_SRC:core/%.c=$(FZ)/%.o) $(FZ)/lua_embed.o
-$(FZ)/%.o: core/%.c $(wildcard core/*.h) | $(FZ)/.dir
+$(FZ)/%.o: core/%.c $(wildcard core/*.h) $(FZ)/version.h | $(FZ)/.dir
 	clang $(FZ_FLAGS) -c -o $@ $<
-$(FZ)/lua_embed.c: $(LUA_SRC) contrib/embed-lua.sh | $(FZ)/.dir
-	sh contrib/embed-lua.sh $(LUA_SRC) > $@
+$(FZ)/version.h: $(B)/version.h | $(FZ)/.dir
+	cp $< $@
+$(FZ)/lua_embed.c: $(LUA_SRC) $(PLUGIN_SRC) contrib/embed-lua.sh | $(FZ)/.dir
+	sh contrib/embed-lua.sh $(LUA_SRC) $(PLUGIN_SRC) > $@
 $(FZ)/lua_embed.o: $(FZ)/lua_embed.c
 	clang $(FZ_FLAGS) -c -o $@ $<
 $(FZ)/fuzz_rpc: tests/fuzz/fuzz_rpc.c tests/fuzz/spawn_stub.c $(FZ_OBJ)

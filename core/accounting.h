@@ -4,7 +4,11 @@
  * is exactly what a leak would get wrong): descriptors by kind, processes and zombies
  * below us, resident memory. */
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include "call.h"
+#include "util.h"
 
 struct acct_sample {
     int fds;                    /* all open descriptors */
@@ -30,5 +34,49 @@ struct alarm {
 };
 /* Feed a sample value; returns +1 when the alarm is raised now, -1 when cleared now. */
 int alarm_update(struct alarm *a, int64_t value, unsigned needed);
+
+/* ---- --metrics: Prometheus text exposition ------------------------------------------ */
+
+#define METRICS_CLASSES (CLASS_INTERNAL + 1)
+#define METRICS_BUCKETS 14          /* latency histogram bounds, seconds; +Inf beyond */
+
+/* One tool's call latency as a cumulative histogram (aggregates across instances,
+ * unlike quantiles). */
+struct metrics_tool {
+    char *tool;
+    uint64_t bucket[METRICS_BUCKETS];   /* calls at or under metrics_bounds_s[i] */
+    uint64_t count;
+    double sum_s;
+    struct metrics_tool *next;
+};
+
+/* The counters behind --metrics that only the server can count; it owns one. */
+struct metrics {
+    uint64_t calls[METRICS_CLASSES];     /* answered calls, by class */
+    uint64_t rpc_errors[METRICS_CLASSES]; /* error responses, by class */
+    uint64_t redactions;
+    uint64_t sessions_opened, sessions_closed, sessions_expired;
+    uint64_t reloads_ok, reloads_failed;
+    int64_t last_reload_ms;              /* wall clock of the last accepted load */
+    struct metrics_tool *tools;
+};
+
+/* What the server holds now, read when the file is written. */
+struct metrics_gauges {
+    unsigned sessions, running;
+    const struct acct_sample *sample;
+    bool alarm_raised[ALARM_COUNT];
+    unsigned policy_generation;
+};
+
+void metrics_observe_call(struct metrics *m, const char *tool, enum call_class class,
+                          int64_t duration_ms);
+void metrics_rpc_error(struct metrics *m, const char *class);
+void metrics_render(struct buf *out, const struct metrics *m, const struct metrics_gauges *g);
+/* Replace `path` with `len` bytes: a fresh file (mkstemp, never a name that exists) in
+ * path's directory, mode 0644, renamed over path, so a reader never sees half a file and
+ * a name planted in the directory is never followed. 0, or -1 with errno. */
+int metrics_file_replace(const char *path, const char *text, size_t len);
+void metrics_free(struct metrics *m);
 
 #endif

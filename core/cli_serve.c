@@ -3,6 +3,7 @@
 #include "root.h"
 #include "rpc.h"
 #include "server.h"
+#include "service.h"
 
 #include <fcntl.h>
 #include <getopt.h>
@@ -28,6 +29,7 @@ void cli_opt_log_file(const char *path)
     if (fd < 0)
         die_errno("--log %s", path);
     log_fd = fd;
+    service_log_reopen_on_sigusr1(path);
 }
 
 void cli_opt_log_level(const char *name)
@@ -155,6 +157,9 @@ int cli_serve(int argc, char **argv)
         die("serve: unexpected argument '%s'", argv[optind]);
     if (!o.policy_path)
         o.policy_path = "/etc/stockade/policy.lua";
+    o.listen_fd = service_listen_fd();
+    if (o.listen_fd >= 0 && o.listen_path)
+        die("--listen: systemd passed a socket already (LISTEN_FDS); drop --listen");
     if (o.n_allow_uids == 0)
         o.allow_uids[o.n_allow_uids++] = geteuid();
     if (o.n_admin_uids == 0)

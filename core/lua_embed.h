@@ -2,9 +2,9 @@
 #define STOCKADE_LUA_EMBED_H
 #include <stddef.h>
 
-/* The modules of lua/, compiled in (see contrib/embed-lua.sh). */
+/* The modules of lua/ and plugins/, compiled in (see contrib/embed-lua.sh). */
 struct lua_embedded {
-    const char *name;   /* module name: "stockade" for lua/stockade.lua */
+    const char *name;   /* "stockade" for lua/stockade.lua, "plugins.git" for plugins/git.lua */
     const char *file;   /* source path, for error messages */
     const char *src;
     size_t len;

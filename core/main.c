@@ -1,14 +1,13 @@
 /* stockade: a supervisor for the tool calls of AI agents. */
 #include "cli.h"
 #include "util.h"
+#include "version.h"
 
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
-
-#define STOCKADE_VERSION "0.1.0"
 
 static const char usage[] =
     "usage: stockade COMMAND [ARGS]\n"

@@ -285,8 +285,25 @@ static int l_policy_print(lua_State *L)
 
 static void push_env(lua_State *L, bool strict);
 
-/* require: the stockade modules, and plugins from the plugin directories ("plugins.X"
- * is X.lua there). Nothing else: no C modules, no paths outside those directories. */
+/* Run the plugin chunk on the top of the stack in the strict environment; its value. */
+static int run_plugin(lua_State *L)
+{
+    push_env(L, true);
+    lua_setupvalue(L, -2, 1);
+    lua_call(L, 0, 1);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        lua_pushboolean(L, 1);
+    }
+    /* Not cached: each require runs the plugin afresh, so no plugin can change a
+     * table that the policy or another plugin reads later (secrets.default = {}). */
+    return 1;
+}
+
+/* require: the stockade modules, and plugins: "plugins.X" is X.lua in the first plugin
+ * directory that has it, else the copy of plugins/X.lua built into the binary (so a file
+ * on the path overrides the shipped one). Nothing else: no C modules, no paths outside
+ * those directories. */
 static int l_policy_require(lua_State *L)
 {
     const char *name = luaL_checkstring(L, 1);
@@ -326,18 +343,26 @@ static int l_policy_require(lua_State *L)
         free(text);
         if (rc != LUA_OK)
             return lua_error(L);
-        push_env(L, true);
-        lua_setupvalue(L, -2, 1);
-        lua_call(L, 0, 1);
-        if (lua_isnil(L, -1)) {
-            lua_pop(L, 1);
-            lua_pushboolean(L, 1);
-        }
-        /* Not cached: each require runs the plugin afresh, so no plugin can change a
-         * table that the policy or another plugin reads later (secrets.default = {}). */
-        return 1;
+        return run_plugin(L);
     }
-    return luaL_error(L, "module '%s' not found in the plugin directories", name);
+    for (const struct lua_embedded *e = lua_embedded; e->name; e++) {
+        if (strcmp(e->name, name) == 0) {
+            const char *chunkname = lua_pushfstring(L, "=%s (built in)", e->file);
+            if (luaL_loadbufferx(L, e->src, e->len, chunkname, "t") != LUA_OK)
+                return lua_error(L);
+            return run_plugin(L);
+        }
+    }
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (size_t i = 0; i < p->nplugin_dirs; i++) {
+        luaL_addstring(&b, i ? ", " : "");
+        luaL_addstring(&b, p->plugin_dirs[i]);
+    }
+    luaL_pushresult(&b);
+    return luaL_error(L, "module '%s' not found: no %s in the plugin directories (%s; set "
+                         "STOCKADE_PLUGIN_PATH, colon-separated, to change them) and no "
+                         "built-in plugin of that name", name, relpath, lua_tostring(L, -1));
 }
 
 static int l_strict_index(lua_State *L)

@@ -382,6 +382,8 @@ void rpc_pack_kv_bool(msgpack_packer *pk, const char *k, bool v)
 static void send_error_map(struct rpc_conn *c, const char *class, bool retryable,
                            const char *message, const char *layer)
 {
+    if (c->on_error_sent)
+        c->on_error_sent(c, class);
     msgpack_packer *pk = &c->pk;
     msgpack_pack_map(pk, 4);
     rpc_pack_kv_str(pk, "class", class);

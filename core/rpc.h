@@ -58,6 +58,8 @@ struct rpc_conn {
     bool closed;                /* no more reading; flushed then freed */
     bool reading_paused;
     uid_t peer_uid;
+    /* told of each error response queued (the server counts them); NULL: nobody */
+    void (*on_error_sent)(struct rpc_conn *c, const char *class);
     const struct rpc_handlers *h;
     void *ud;                   /* the server's per-connection state */
     msgpack_packer pk;          /* packs straight into `out` */

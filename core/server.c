@@ -1,5 +1,6 @@
 #include "server.h"
 #include "accounting.h"
+#include "audit.h"
 #include "call.h"
 #include "policy.h"
 #include "proc.h"
@@ -7,6 +8,8 @@
 #include "root.h"
 #include "rpc.h"
 #include "sandbox.h"
+#include "service.h"
+#include "version.h"
 #include "zygote.h"
 
 #include <dirent.h>
@@ -24,7 +27,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define STOCKADE_VERSION "0.1.0"
 #define LATENCY_SAMPLES 1024
 #define ACCEPT_RETRY_MS 250         /* a listener parked for lack of descriptors */
 #define CLASS_COUNT (CLASS_INTERNAL + 1)
@@ -118,8 +120,8 @@ struct server {
     ev_timer upgrade_timer;         /* the exec, from the loop rather than a callback */
     ev_timer drain_timer;
     bool draining, stopping;
-    uint64_t class_counts[CLASS_COUNT];
-    uint64_t redactions;
+    const char *stop_reason;        /* for the shutdown record; NULL: the clients left */
+    struct metrics metrics;         /* --metrics: counters, latency histograms */
     struct tool_latency *latencies;
     uint64_t call_seq;              /* a per-call id for the logs */
     /* accounting */
@@ -642,6 +644,10 @@ static void session_finish(struct srv_session *ss)
         }
         free(w);
     }
+    if (ss->end_layer)
+        srv->metrics.sessions_expired++;
+    else
+        srv->metrics.sessions_closed++;
     free(id);
     pairs_free(ss->labels);
     free(ss);
@@ -792,6 +798,7 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
     srv->sessions = ss;
     srv->nsessions++;
     log_session(ss, "opened");
+    srv->metrics.sessions_opened++;
     msgpack_packer *pk = result_begin(conn, msgid, 4);
     pack_session_info(pk, ss);
     rpc_conn_flush(conn->rpc);
@@ -1203,9 +1210,10 @@ static void on_call_done(struct call *c, void *ud)
         pack_call_result(pk, r);
         rpc_conn_flush(sc->conn->rpc);
     }
-    srv->class_counts[r->class]++;
-    srv->redactions += (uint64_t)r->redactions;
+    srv->metrics.redactions += (uint64_t)r->redactions;
     log_call(sc, c);
+    metrics_observe_call(&srv->metrics, sc->counted ? c->req.tool : NULL, r->class,
+                         r->duration_ms);
     if (sc->counted)
         record_latency(srv, c->req.tool, r->duration_ms);
     for (struct srv_call **pp = &srv->calls; *pp; pp = &(*pp)->next) {
@@ -1451,7 +1459,7 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     rpc_pack_key(pk, "calls");
     msgpack_pack_map(pk, CLASS_COUNT);
     for (int i = 0; i < CLASS_COUNT; i++)
-        rpc_pack_kv_int(pk, call_class_name((enum call_class)i), (int64_t)srv->class_counts[i]);
+        rpc_pack_kv_int(pk, call_class_name((enum call_class)i), (int64_t)srv->metrics.calls[i]);
     rpc_pack_kv_int(pk, "processes", live);
     rpc_pack_kv_int(pk, "standby", standby);
     rpc_pack_kv_int(pk, "standby_fds", standby_fds);
@@ -1489,13 +1497,13 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
         rpc_pack_kv_int(pk, "p95", sorted[(t->n - 1) * 95 / 100]);
         rpc_pack_kv_int(pk, "p99", sorted[(t->n - 1) * 99 / 100]);
     }
-    rpc_pack_kv_int(pk, "redactions", (int64_t)srv->redactions);
+    rpc_pack_kv_int(pk, "redactions", (int64_t)srv->metrics.redactions);
     rpc_pack_kv_int(pk, "policy_generation", srv->policy->generation);
     uint64_t total = 0;
     for (int i = 0; i < CLASS_COUNT; i++)
-        total += srv->class_counts[i];
+        total += srv->metrics.calls[i];
     rpc_pack_key(pk, "timeout_rate");
-    msgpack_pack_double(pk, total ? (double)srv->class_counts[CLASS_TOOL_TIMEOUT] / (double)total : 0);
+    msgpack_pack_double(pk, total ? (double)srv->metrics.calls[CLASS_TOOL_TIMEOUT] / (double)total : 0);
     struct acct_sample now;
     acct_sample_take(&now);
     rpc_pack_key(pk, "fds_by_kind");
@@ -1519,7 +1527,7 @@ static int isolation_rank(const char *level)
 /* Re-read the policy file the server started with; load and check completely, then
  * swap; running calls keep their generation. A policy that would lower the isolation
  * level, or that this host cannot isolate, is refused: lowering takes a restart. */
-static struct policy *reload(struct server *srv, char **err)
+static struct policy *reload_checked(struct server *srv, char **err)
 {
     struct policy *p = policy_load(srv->policy_path, err);
     if (!p)
@@ -1553,6 +1561,22 @@ static struct policy *reload(struct server *srv, char **err)
     return p;
 }
 
+/* reload_checked with its audit record (who asked: "SIGHUP" or "rpc uid N") and counters. */
+static struct policy *reload(struct server *srv, const char *who, char **err)
+{
+    char old_sha[sizeof srv->policy->sha256];
+    memcpy(old_sha, srv->policy->sha256, sizeof old_sha);   /* the old policy may go */
+    struct policy *p = reload_checked(srv, err);
+    audit_reload(who, srv->policy_path, old_sha, p, p ? NULL : *err);
+    if (p) {
+        srv->metrics.reloads_ok++;
+        srv->metrics.last_reload_ms = wall_ms();
+    } else {
+        srv->metrics.reloads_failed++;
+    }
+    return p;
+}
+
 /* No parameters: the policy is the operator's file, never one a client names. Only an
  * admin peer (the spawner on stdio, --admin-uid on a socket) may ask. */
 static void m_policy_reload(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
@@ -1564,6 +1588,9 @@ static void m_policy_reload(struct srv_conn *conn, uint32_t msgid, const msgpack
                  (unsigned)conn->uid);
         rpc_send_error(conn->rpc, msgid, "POLICY_VIOLATION", false, msg, NULL);
         LOG_W("%s", msg);
+        char who[32];
+        snprintf(who, sizeof who, "rpc uid %u", (unsigned)conn->uid);
+        audit_reload(who, srv->policy_path, srv->policy->sha256, NULL, msg);
         return;
     }
     struct params p;
@@ -1571,7 +1598,9 @@ static void m_policy_reload(struct srv_conn *conn, uint32_t msgid, const msgpack
     if (!params_end(&p))
         return;
     char *err = NULL;
-    struct policy *pol = reload(srv, &err);
+    char who[32];
+    snprintf(who, sizeof who, "rpc uid %u", (unsigned)conn->uid);
+    struct policy *pol = reload(srv, who, &err);
     if (!pol) {
         rpc_send_error(conn->rpc, msgid, "BAD_REQUEST", false, err, NULL);
         LOG_W("policy.reload refused, the old policy stays: %s", err);
@@ -1676,63 +1705,21 @@ static void on_sample(struct ev_loop *loop, ev_timer *w, int revents)
     }
 }
 
-/* Prometheus text exposition, written to a temp file and renamed (node_exporter's
- * textfile collector must never read half a file). */
+/* Prometheus text exposition (core/accounting.c), replaced whole each time: node_exporter's
+ * textfile collector must never read half a file. */
 static void write_metrics(struct server *srv)
 {
-    const char *path = srv->opts->metrics_path;
-    struct buf b = {0};
-    buf_printf(&b, "# HELP stockade_calls_total Calls answered, by class.\n"
-                   "# TYPE stockade_calls_total counter\n");
-    uint64_t total = 0;
-    for (int i = 0; i < CLASS_COUNT; i++) {
-        buf_printf(&b, "stockade_calls_total{class=\"%s\"} %llu\n",
-                   call_class_name((enum call_class)i), (unsigned long long)srv->class_counts[i]);
-        total += srv->class_counts[i];
-    }
-    buf_printf(&b, "# HELP stockade_timeout_ratio Share of calls ended by their timeout.\n"
-                   "# TYPE stockade_timeout_ratio gauge\nstockade_timeout_ratio %.6f\n",
-               total ? (double)srv->class_counts[CLASS_TOOL_TIMEOUT] / (double)total : 0.0);
-    buf_printf(&b, "# TYPE stockade_redactions_total counter\nstockade_redactions_total %llu\n",
-               (unsigned long long)srv->redactions);
-    buf_printf(&b, "# TYPE stockade_sessions gauge\nstockade_sessions %u\n"
-                   "# TYPE stockade_running gauge\nstockade_running %u\n",
-               srv->nsessions, srv->running);
-    const struct acct_sample *s = &srv->last;
-    buf_printf(&b, "# TYPE stockade_processes gauge\nstockade_processes %u\n"
-                   "# TYPE stockade_zombies gauge\nstockade_zombies %u\n"
-                   "# TYPE stockade_rss_bytes gauge\nstockade_rss_bytes %lld\n"
-                   "# TYPE stockade_fds gauge\n"
-                   "stockade_fds{kind=\"pipe\"} %d\nstockade_fds{kind=\"pidfd\"} %d\n"
-                   "stockade_fds{kind=\"socket\"} %d\nstockade_fds{kind=\"other\"} %d\n",
-               s->processes, s->zombies, (long long)s->rss_kb * 1024, s->fd_pipe, s->fd_pidfd,
-               s->fd_socket, s->fd_other);
-    buf_printf(&b, "# TYPE stockade_alarm gauge\n");
+    struct metrics_gauges g = {.sessions = srv->nsessions, .running = srv->running,
+                               .sample = &srv->last,
+                               .policy_generation = srv->policy->generation};
     for (int k = 0; k < ALARM_COUNT; k++)
-        buf_printf(&b, "stockade_alarm{kind=\"%s\"} %d\n", alarm_kind_name((enum alarm_kind)k),
-                   srv->alarms[k].raised ? 1 : 0);
-    buf_printf(&b, "# HELP stockade_call_latency_ms Per-tool call latency over the last %d calls.\n"
-                   "# TYPE stockade_call_latency_ms summary\n", LATENCY_SAMPLES);
-    for (struct tool_latency *t = srv->latencies; t; t = t->next) {
-        int64_t sorted[LATENCY_SAMPLES];
-        memcpy(sorted, t->samples, t->n * sizeof *sorted);
-        qsort(sorted, t->n, sizeof *sorted, cmp_i64);
-        static const int qs[] = {50, 95, 99};
-        for (size_t i = 0; i < 3; i++)
-            buf_printf(&b, "stockade_call_latency_ms{tool=\"%s\",quantile=\"0.%02d\"} %lld\n",
-                       t->tool, qs[i], (long long)sorted[(t->n - 1) * (size_t)qs[i] / 100]);
-    }
-    char *tmp = xasprintf("%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    bool ok = fd >= 0 && write(fd, b.data, b.len) == (ssize_t)b.len;
-    if (fd >= 0)
-        close(fd);
-    if (!ok || rename(tmp, path) < 0) {
+        g.alarm_raised[k] = srv->alarms[k].raised;
+    struct buf b = {0};
+    metrics_render(&b, &srv->metrics, &g);
+    if (metrics_file_replace(srv->opts->metrics_path, b.data, b.len) < 0) {
         srv->metrics_dropped++;
-        LOG_W("metrics %s: %s", path, strerror(errno));
-        unlink(tmp);
+        LOG_W("metrics %s: %s", srv->opts->metrics_path, strerror(errno));
     }
-    free(tmp);
     buf_free(&b);
 }
 
@@ -1952,6 +1939,12 @@ static void on_pressure(struct rpc_conn *rpc, bool high)
             call_pause_output(sc->call, high);
 }
 
+static void on_error_sent(struct rpc_conn *rpc, const char *class)
+{
+    struct srv_conn *conn = rpc->ud;
+    metrics_rpc_error(&conn->srv->metrics, class);
+}
+
 static const struct rpc_handlers handlers = {on_message, on_conn_close, on_pressure};
 
 static struct srv_conn *conn_add(struct server *srv, int rfd, int wfd, uid_t uid, bool admin)
@@ -1962,6 +1955,7 @@ static struct srv_conn *conn_add(struct server *srv, int rfd, int wfd, uid_t uid
     conn->admin = admin;
     conn->rpc = rpc_conn_new(srv->loop, rfd, wfd, srv->opts->max_message, &handlers, conn);
     conn->rpc->peer_uid = uid;
+    conn->rpc->on_error_sent = on_error_sent;
     conn->next = srv->conns;
     srv->conns = conn;
     return conn;
@@ -2049,7 +2043,8 @@ static void listener_close(struct server *srv)
         return;
     ev_io_stop(srv->loop, &srv->listen_watcher);
     close_quietly(&srv->listen_fd);
-    unlink(srv->opts->listen_path);
+    if (srv->opts->listen_path)         /* systemd's socket (LISTEN_FDS) is not ours */
+        unlink(srv->opts->listen_path);
 }
 
 static int listen_unix(const struct server_opts *opts)
@@ -2124,6 +2119,9 @@ static void shutdown_begin(struct server *srv, bool hard)
 {
     if (!srv->draining) {
         srv->draining = true;
+        service_stopping();
+        audit_shutdown(srv->stop_reason ? srv->stop_reason : "the last client left",
+                       srv->nsessions, srv->running);
         listener_close(srv);
         ev_timer_set(&srv->drain_timer, hard ? 0 : (double)srv->opts->drain_ms / 1000.0, 0);
         ev_timer_start(srv->loop, &srv->drain_timer);
@@ -2315,13 +2313,14 @@ static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
     }
     if (w->signum == SIGHUP) {
         char *err = NULL;
-        if (!reload(srv, &err)) {
+        if (!reload(srv, "SIGHUP", &err)) {
             LOG_E("SIGHUP: policy reload refused, the old policy stays: %s", err);
             free(err);
         }
         return;
     }
     LOG_I("signal %d: draining", w->signum);
+    srv->stop_reason = w->signum == SIGTERM ? "SIGTERM" : "SIGINT";
     if (srv->upgrading) {
         /* a stop wins over an upgrade under way: the listener goes too */
         srv->upgrading = false;
@@ -2344,6 +2343,7 @@ struct server *server_new(const struct server_opts *opts)
     if (!srv->policy)
         die("%s", err);
     srv->policy_path = xstrdup(opts->policy_path);
+    srv->metrics.last_reload_ms = wall_ms();
     if (sandbox_seccomp_prepare() < 0)
         die_errno("compiling the seccomp filter");
     char *why = NULL;
@@ -2430,8 +2430,11 @@ void server_free(struct server *srv)
     if (ev_is_active(&srv->metrics_timer)) {
         ev_ref(srv->loop);
         ev_timer_stop(srv->loop, &srv->metrics_timer);
-        write_metrics(srv);
     }
+    /* a file left behind would show a dead server's figures as current */
+    if (srv->opts->metrics_path && unlink(srv->opts->metrics_path) < 0 && errno != ENOENT)
+        LOG_W("metrics %s: %s", srv->opts->metrics_path, strerror(errno));
+    metrics_free(&srv->metrics);
     while (srv->nleaked > 0)
         close_quietly(&srv->leaked[--srv->nleaked]);
     while (srv->latencies) {
@@ -2484,23 +2487,30 @@ void server_start(struct server *srv)
 int server_run(const struct server_opts *opts)
 {
     struct server *srv = server_new(opts);
-    if (opts->listen_path) {
+    char *listen = NULL;
+    if (opts->listen_fd > 2 || opts->listen_path) {
         /* an upgrade hands the socket over (server_new took it): clients that connected
-         * meanwhile are in its backlog */
+         * meanwhile are in its backlog; systemd passes one (LISTEN_FDS) that outlives us */
         bool inherited = srv->listen_fd >= 0;
         if (!inherited)
-            srv->listen_fd = listen_unix(opts);
+            srv->listen_fd = opts->listen_fd > 2 ? opts->listen_fd : listen_unix(opts);
         ev_io_init(&srv->listen_watcher, on_accept, srv->listen_fd, EV_READ);
         srv->listen_watcher.data = srv;
         ev_io_start(srv->loop, &srv->listen_watcher);
-        LOG_I("listening on unix:%s%s", opts->listen_path, inherited ? " (after an upgrade)" : "");
+        listen = opts->listen_fd > 2 ? service_socket_name(srv->listen_fd)
+                                     : xasprintf("unix:%s", opts->listen_path);
+        LOG_I("listening on %s%s", listen, inherited ? " (after an upgrade)" : "");
     } else {
         /* stdin/stdout are the protocol: keep them out of every child (CLOEXEC). */
         fd_set_cloexec(0);
         fd_set_cloexec(1);
         conn_add(srv, 0, 1, geteuid(), true);   /* the spawner: an admin peer */
+        listen = xstrdup("stdio");
     }
+    audit_startup(srv->policy, srv->policy_path, listen);
+    free(listen);
     server_start(srv);
+    service_ready();
     ev_run(srv->loop, 0);
     server_free(srv);
     return 0;

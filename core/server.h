@@ -14,6 +14,7 @@ struct server_opts {
     const char *policy_path;
     const char *state_dir;
     const char *listen_path;    /* NULL: stdin/stdout */
+    int listen_fd;              /* > 2: a listening socket passed by systemd (LISTEN_FDS) */
     uid_t allow_uids[16];
     size_t n_allow_uids;
     uid_t admin_uids[16];       /* may call policy.reload on the socket */

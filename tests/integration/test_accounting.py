@@ -5,6 +5,7 @@ file is Prometheus text, replaced atomically."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -192,8 +193,132 @@ def test_metrics_file_is_prometheus_text(server, state_dir):
     names = {l.split("{")[0].split(" ")[0] for l in lines}
     for n in ("stockade_calls_total", "stockade_sessions", "stockade_running",
               "stockade_processes", "stockade_zombies", "stockade_rss_bytes", "stockade_fds",
-              "stockade_alarm", "stockade_timeout_ratio", "stockade_call_latency_ms"):
+              "stockade_alarm", "stockade_timeout_ratio", "stockade_build_info",
+              "stockade_call_duration_seconds_bucket", "stockade_call_duration_seconds_sum",
+              "stockade_call_duration_seconds_count", "stockade_sessions_opened_total",
+              "stockade_sessions_expired_total", "stockade_policy_reloads_total",
+              "stockade_policy_last_reload_timestamp_seconds"):
         assert n in names, n
     for l in lines:                      # every sample line: name{labels} value
         float(l.rsplit(" ", 1)[1])
-    assert not [f for f in os.listdir(state_dir) if ".prom.tmp" in f]
+    assert not [f for f in os.listdir(state_dir) if ".prom." in f]
+
+
+def parse_prom(text):
+    """{family: {"help", "type", "samples": {name{labels}: value}}} with every sample
+    attributed to the family declared before it."""
+    fams, cur = {}, None
+    for l in text.splitlines():
+        if l.startswith("# HELP "):
+            name = l.split()[2]
+            cur = fams.setdefault(name, {"samples": {}})
+            cur["help"] = l.split(None, 3)[3]
+        elif l.startswith("# TYPE "):
+            _, _, name, typ = l.split()
+            assert name in fams, f"TYPE before HELP: {l}"
+            fams[name]["type"] = typ
+        elif l:
+            key, val = l.rsplit(" ", 1)
+            base = key.split("{")[0]
+            assert cur is not None and (base == cur_name(fams, cur) or
+                                        base.rsplit("_", 1)[0] == cur_name(fams, cur)), l
+            cur["samples"][key] = float(val)
+    return fams
+
+
+def cur_name(fams, cur):
+    return next(k for k, v in fams.items() if v is cur)
+
+
+def test_metrics_conventions_and_removal(server, state_dir):
+    """# HELP and # TYPE for every family; latency a histogram in seconds; build info;
+    reload, session and RPC-error counters; the file is gone once the server exits."""
+    metrics = os.path.join(state_dir, "stockade.prom")
+    c = server(extra=["--metrics", metrics, "--metrics-interval", "200ms"])
+    s = c.open_session()
+    assert s.call("echo", ["hi"]).class_ == "OK"
+    s.close()
+    c.reload_policy()
+    with pytest.raises(Exception):
+        c.reload_policy(os.path.join(state_dir, "no-such-policy.lua"))
+    with pytest.raises(Exception):
+        c.close_session("never-opened")
+
+    def current():
+        try:
+            with open(metrics) as f:
+                text = f.read()
+        except FileNotFoundError:
+            return None
+        return text if 'result="failure"} 1' in text and "NO_SUCH_SESSION" in text else None
+    text = wait_until(current, WAIT, "metrics with the reloads and the error")
+    fams = parse_prom(text)
+    for name, f in fams.items():
+        assert f.get("type") in ("counter", "gauge", "histogram"), name
+        assert f["help"], name
+        if f["type"] == "counter":
+            assert name.endswith("_total"), name
+    lat = fams["stockade_call_duration_seconds"]
+    assert lat["type"] == "histogram"
+    assert lat["samples"]['stockade_call_duration_seconds_bucket{tool="echo",le="+Inf"}'] == 1
+    assert lat["samples"]['stockade_call_duration_seconds_count{tool="echo"}'] == 1
+    assert 0 < lat["samples"]['stockade_call_duration_seconds_sum{tool="echo"}'] < 10
+    assert any(k.startswith("stockade_build_info{version=") for k in
+               fams["stockade_build_info"]["samples"])
+    reloads = fams["stockade_policy_reloads_total"]["samples"]
+    assert reloads['stockade_policy_reloads_total{result="success"}'] == 1
+    assert reloads['stockade_policy_reloads_total{result="failure"}'] == 1
+    assert fams["stockade_policy_last_reload_timestamp_seconds"]["samples"][
+        "stockade_policy_last_reload_timestamp_seconds"] > time.time() - 600
+    assert fams["stockade_sessions_opened_total"]["samples"][
+        "stockade_sessions_opened_total"] == 1
+    assert fams["stockade_rpc_errors_total"]["samples"][
+        'stockade_rpc_errors_total{class="NO_SUCH_SESSION"}'] == 1
+
+    assert c.close() == 0
+    assert not os.path.exists(metrics), "the metrics file outlived the server"
+
+
+def test_audit_trail(server, state_dir):
+    """start-up, session open/close/expire with labels, reloads, shutdown: one JSON line
+    each in --log; SIGUSR1 reopens --log (logrotate moved the old one away). (The session
+    records are server.c's: "event":"session" with its "state".)"""
+    c = server()
+    s = c.open_session(labels={"agent": "a1", "ticket": "42"})
+    s.close()
+    short = c.open_session(ttl_ms=300, labels={"agent": "a2"})
+    c.wait_notification("session.expired", lambda p: p["session_id"] == short.session_id,
+                        timeout=WAIT)
+    c.reload_policy()
+    rotated = c.log_path + ".1"
+    os.rename(c.log_path, rotated)
+    c.proc.send_signal(signal.SIGUSR1)
+    assert wait_until(lambda: os.path.exists(c.log_path), WAIT, "--log reopened")
+    with pytest.raises(Exception):
+        c.reload_policy(os.path.join(state_dir, "no-such-policy.lua"))
+    assert c.close() == 0
+
+    def records(path):
+        with open(path) as f:
+            return [r for r in map(json.loads, f) if "event" in r]
+    old, new = records(rotated), records(c.log_path)
+    by = {}
+    for r in old + new:
+        by.setdefault(r["event"], []).append(r)
+    start = by["startup"][0]
+    assert start["version"] and len(start["sha256"]) == 64 and start["generation"] >= 1
+    assert start["listen"] == "stdio" and start["layers"] and start["isolation"]
+    sessions = {}
+    for r in by["session"]:
+        sessions.setdefault(r["state"], []).append(r)
+    opened = {r["session"]: r for r in sessions["opened"]}
+    assert opened[s.session_id]["labels"] == {"agent": "a1", "ticket": "42"}
+    assert [r["session"] for r in sessions["closed"]] == [s.session_id]
+    exp = sessions["expired"][0]
+    assert exp["session"] == short.session_id and exp["layer"] == "ttl"
+    assert exp["labels"] == {"agent": "a2"}
+    ok, refused = by["reload"]
+    assert ok["accepted"] and ok["old_sha256"] == start["sha256"] and ok["new_sha256"]
+    assert not refused["accepted"] and refused["reason"]
+    assert refused in new and ok in old, "the refused reload went to the reopened log"
+    assert by["shutdown"][0]["reason"]
