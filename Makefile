@@ -21,6 +21,16 @@ MISSING := $(if $(shell command -v pkg-config),,pkg-config) \
            $(if $(wildcard /usr/include/ev.h /usr/local/include/ev.h),,ev.h)
 MISSING := $(strip $(MISSING))
 
+# Install layout (GNU conventions); DESTDIR is prepended at install time only.
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+DATADIR    ?= $(PREFIX)/share/stockade
+MANDIR     ?= $(PREFIX)/share/man
+SYSCONFDIR ?= $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
+PYTHONDIR  ?= $(PREFIX)/lib/python3/dist-packages
+UNITDIR    ?= $(if $(filter /usr,$(PREFIX)),/lib/systemd/system,$(PREFIX)/lib/systemd/system)
+COMPLETIONDIR ?= $(PREFIX)/share/bash-completion/completions
+
 VARIANT := $(if $(SAN),san,rel)
 B       := build/$(VARIANT)
 
@@ -73,9 +83,12 @@ $(B)/%.o: core/%.c $(wildcard core/*.h) $(B)/version.h | $(B)/.dir build-deps
 	@echo "  CC    $<"
 	@$(CC) $(CFLAGS) -c -o $@ $<
 
-# Rewritten only when the version changes, so a rebuild stays incremental.
-$(B)/version.h: debian/changelog | $(B)/.dir
-	@echo '#define STOCKADE_VERSION "$(VERSION)"' > $@.tmp
+# The version and the install paths the binary looks in; rewritten only when one of them
+# changes, so a rebuild stays incremental.
+$(B)/version.h: debian/changelog FORCE | $(B)/.dir
+	@{ echo '#define STOCKADE_VERSION "$(VERSION)"'; \
+	   echo '#define STOCKADE_DATADIR "$(DATADIR)"'; \
+	   echo '#define STOCKADE_PYTHONDIR "$(PYTHONDIR)"'; } > $@.tmp
 	@cmp -s $@.tmp $@ && rm -f $@.tmp || mv -f $@.tmp $@
 
 # The bundled Lua (lua/*.lua) and the shipped plugins (plugins/*.lua, as plugins.NAME) are

@@ -3,6 +3,12 @@
 #include <stddef.h>
 
 /* The subcommands; each returns the process exit status. */
+
+/* A usage error, in every subcommand (a bad option, a missing or extra argument); also
+ * what die() exits with. 125, as env(1) and timeout(1): `run` passes the tool's own
+ * status through, so stockade's must stay out of a tool's usual range. */
+#define EXIT_USAGE 125
+
 int cli_run(int argc, char **argv);
 int cli_serve(int argc, char **argv);
 int cli_mcp(int argc, char **argv);

@@ -4,7 +4,9 @@
 #include "sandbox.h"
 #include "session.h"
 #include "util.h"
+#include "version.h"
 
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,9 +104,76 @@ static void print_guarantees(bool root, bool mountns)
     print_list("*", operator_adds);
 }
 
+static const char doctor_usage[] =
+    "usage: stockade doctor [--json]\n"
+    "Which isolation layers this host can give (uid, Landlock, seccomp, namespaces, ...),\n"
+    "and for each one it cannot, why and the fix.\n"
+    "  --json   one JSON document on stdout: {version, root, layers: [{name, available,\n"
+    "           reason}], landlock_abi, levels: {strict, process}}\n"
+    "Exit status: 0 both isolation levels available, 1 strict unavailable, 125 usage error.\n";
+
+static int doctor_json(void)
+{
+    const struct sandbox_caps *c = sandbox_caps_namespaces();
+    struct buf b = {0};
+    buf_printf(&b, "{\"version\":\"%s\",\"uid\":%u,\"root\":%s,\"landlock_abi\":%d,\"layers\":[",
+               STOCKADE_VERSION, (unsigned)geteuid(), c->root ? "true" : "false",
+               c->landlock_abi);
+    for (int l = 0; l < LAYER_COUNT; l++) {
+        buf_printf(&b, "%s{\"name\":", l ? "," : "");
+        json_cstr(&b, sandbox_layer_name((enum sandbox_layer)l));
+        buf_printf(&b, ",\"available\":%s,\"reason\":", c->available[l] ? "true" : "false");
+        json_cstr(&b, c->available[l] ? NULL : c->reason[l]);
+        buf_printf(&b, "}");
+    }
+    buf_printf(&b, "],\"levels\":{");
+    static const char *const levels[] = {"strict", "process"};
+    int status = 0;
+    for (size_t i = 0; i < ARRAY_LEN(levels); i++) {
+        char *why = NULL;
+        bool allowed = sandbox_level_allowed(levels[i], &why);
+        const char *layers[LAYER_COUNT + 2];
+        size_t n = allowed ? sandbox_active_layers(levels[i], layers) : 0;
+        buf_printf(&b, "%s\"%s\":{\"available\":%s,\"reason\":", i ? "," : "", levels[i],
+                   allowed ? "true" : "false");
+        json_cstr(&b, allowed ? NULL : why);
+        free(why);
+        buf_printf(&b, ",\"layers\":[");
+        for (size_t k = 0; k < n; k++) {
+            buf_printf(&b, k ? "," : "");
+            json_cstr(&b, layers[k]);
+        }
+        buf_printf(&b, "]}");
+        if (!allowed && strcmp(levels[i], "strict") == 0)
+            status = 1;
+    }
+    buf_printf(&b, "}}\n");
+    fwrite(b.data, 1, b.len, stdout);
+    buf_free(&b);
+    return status;
+}
+
 int cli_doctor(int argc, char **argv)
 {
-    (void)argc, (void)argv;
+    static const struct option opts[] = {
+        {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+    };
+    bool json = false;
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "+jh", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'j': json = true; break;
+        case 'h': fputs(doctor_usage, stdout); return 0;
+        default: fputs(doctor_usage, stderr); return EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "stockade doctor: unexpected argument '%s'\n", argv[optind]);
+        return EXIT_USAGE;
+    }
+    if (json)
+        return doctor_json();
     const struct sandbox_caps *c = sandbox_caps_namespaces();
     printf("stockade doctor: running as uid %u%s\n", (unsigned)geteuid(),
            c->root ? " (root: per-session service uids, no user namespace needed)" : "");

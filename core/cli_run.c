@@ -23,12 +23,28 @@ static const char run_usage[] =
     "usage: stockade run [--policy FILE] [--session ID] [--state-dir DIR] [--timeout DUR]\n"
     "                    [--stdin] [--json] [--uid-range FIRST-LAST] -- TOOL [ARG...]\n"
     "       stockade run [options] --args JSON -- TOOL     (structured args, for tools\n"
-    "                    whose argv hook builds the command line)\n";
+    "                    whose argv hook builds the command line)\n"
+    "One call of TOOL (a name in the policy's registry) in a fresh session, printed.\n"
+    "  --policy FILE     default $STOCKADE_POLICY, else /etc/stockade/policy.lua\n"
+    "  --session ID      keep the session's root under that name (reused if it exists)\n"
+    "  --state-dir DIR   default $STOCKADE_STATE_DIR, else /var/lib/stockade as root,\n"
+    "                    else $XDG_RUNTIME_DIR/stockade\n"
+    "  --timeout DUR     below the tool's timeout (e.g. 300ms, 5s); default the tool's\n"
+    "  --stdin           pass our stdin to the tool (default: none)\n"
+    "  --json            print the result map (PROTOCOL.md) with session_id\n"
+    "  --args JSON       structured args (a JSON object) in place of ARG...\n"
+    "  --uid-range A-B   per-session uids when run as root (default 210000-219999)\n"
+    "  --verbose         debug logging on stderr\n"
+    "Environment: STOCKADE_DEPTH (the calling tool's depth budget), STOCKADE_PLUGIN_PATH.\n"
+    "Exit status: the tool's; 124 a timeout class; 126 POLICY_VIOLATION; 128+N the tool\n"
+    "died of signal N; 130 interrupted by SIGINT (143 SIGTERM); 125 usage error or\n"
+    "stockade's own failure.\n";
 
 struct run_ctx {
     struct ev_loop *loop;
     struct call *call;
     ev_signal sigint, sigterm;
+    int interrupted_by;         /* the signal that stopped the call, 0 if none */
 };
 
 /* After a long policy hook: timers armed next must count from the true time. */
@@ -50,6 +66,8 @@ static void on_run_signal(struct ev_loop *loop, ev_signal *w, int revents)
 {
     (void)loop, (void)revents;
     struct run_ctx *ctx = w->data;
+    if (!ctx->interrupted_by)
+        ctx->interrupted_by = w->signum;
     call_stop(ctx->call, CLASS_CANCELLED, NULL, "interrupted by a signal to stockade", false);
 }
 
@@ -140,7 +158,7 @@ int cli_run(int argc, char **argv)
         case 'v': log_threshold = LOG_DEBUG; break;
         case 'a': args_json = optarg; break;
         case 'h': fputs(run_usage, stdout); return 0;
-        default: fputs(run_usage, stderr); return 125;
+        default: fputs(run_usage, stderr); return EXIT_USAGE;
         }
     }
     if (optind >= argc)
@@ -255,6 +273,9 @@ int cli_run(int argc, char **argv)
                     (long long)r->truncated_out, (long long)r->truncated_err);
     }
     int status = call_exit_status(r);
+    /* as a shell reports a command it interrupted: 128 + the signal (130 for ^C) */
+    if (ctx.interrupted_by && r->class == CLASS_CANCELLED)
+        status = 128 + ctx.interrupted_by;
     call_free(ctx.call);
     if (session_close(session) < 0 && status == 0)
         status = 125;

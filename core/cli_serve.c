@@ -19,8 +19,24 @@ static const char serve_usage[] =
     "                      [--socket-group GROUP] [--max-message SIZE] [--drain-timeout DUR]\n"
     "                      [--uid-range FIRST-LAST] [--log FILE] [--log-level LEVEL]\n"
     "                      [--metrics FILE] [--metrics-interval DUR] [--debug-hooks]\n"
-    "Speaks MessagePack-RPC (PROTOCOL.md) on stdin/stdout, or on a Unix socket.\n"
-    "Logs are JSON lines on stderr (or --log FILE): one record per call, alarms, errors.\n";
+    "Speaks MessagePack-RPC (PROTOCOL.md) on stdin/stdout, on a Unix socket, or on the\n"
+    "socket systemd passes (LISTEN_FDS; see stockade.socket).\n"
+    "  --policy FILE          default $STOCKADE_POLICY, else /etc/stockade/policy.lua\n"
+    "  --state-dir DIR        default $STOCKADE_STATE_DIR, else /var/lib/stockade as root,\n"
+    "                         else $XDG_RUNTIME_DIR/stockade\n"
+    "  --listen unix:PATH     listen there (mode 0600) instead of stdin/stdout\n"
+    "  --allow-uid UID        a peer uid allowed to connect (repeatable; default our own)\n"
+    "  --max-message SIZE     largest message accepted (default 16MiB)\n"
+    "  --drain-timeout DUR    on SIGTERM/SIGINT, how long calls may finish (default 10s)\n"
+    "  --uid-range A-B        per-session uids when run as root (default 210000-219999)\n"
+    "  --log FILE             JSON-lines log (default stderr); SIGUSR1 reopens it\n"
+    "  --log-level LEVEL      error, warn, info (default) or debug\n"
+    "  --metrics FILE         Prometheus text file, rewritten every interval, removed at exit\n"
+    "  --metrics-interval DUR default 10s\n"
+    "  --debug-hooks          debug.* methods for tests\n"
+    "Signals: SIGHUP reloads the policy, SIGTERM/SIGINT drain and stop, SIGUSR1 reopens --log.\n"
+    "Logs: one record per call; audit records (startup, session_open/close/expire, reload,\n"
+    "shutdown) with \"event\"; alarms. Exit status: 0, or 125 usage or start-up error.\n";
 
 /* Options `serve` shares with `mcp`: each dies with a usage line when malformed. */
 void cli_opt_log_file(const char *path)
@@ -150,7 +166,7 @@ int cli_serve(int argc, char **argv)
             break;
         case 'D': o.debug_hooks = true; break;
         case 'h': fputs(serve_usage, stdout); return 0;
-        default: fputs(serve_usage, stderr); return 125;
+        default: fputs(serve_usage, stderr); return EXIT_USAGE;
         }
     }
     if (optind < argc)

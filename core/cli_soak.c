@@ -1,8 +1,9 @@
-/* `stockade soak`: the soak driver is a protocol client (contrib/python/stockade_client,
- * module soak) driving a real `stockade serve` child; this finds it and runs it with our
- * own binary as the server under test. */
+/* `stockade soak`: the soak driver is a program of its own (contrib/soak/stockade_soak, a
+ * protocol client built on contrib/python/stockade_client) driving a real `stockade serve`
+ * child; this finds it and runs it with our own binary as the server under test. */
 #include "cli.h"
 #include "util.h"
+#include "version.h"
 
 #include <libgen.h>
 #include <stdio.h>
@@ -10,6 +11,15 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+static bool is_file(const char *dir, const char *rel)
+{
+    char *path = xasprintf("%s/%s", dir, rel);
+    struct stat st;
+    bool yes = stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    free(path);
+    return yes;
+}
 
 int cli_soak(int argc, char **argv)
 {
@@ -20,25 +30,23 @@ int cli_soak(int argc, char **argv)
     self[n] = 0;
     char *copy = xstrdup(self);
     char *dir = dirname(copy);
-    /* beside a built checkout, then where a package would install it */
-    char *candidates[] = {xasprintf("%s/contrib/python", dir),
-                          xstrdup("/usr/share/stockade/python")};
-    const char *pypath = NULL;
-    for (size_t i = 0; i < ARRAY_LEN(candidates) && !pypath; i++) {
-        char *mod = xasprintf("%s/stockade_client/soak.py", candidates[i]);
-        struct stat st;
-        if (stat(mod, &st) == 0)
-            pypath = candidates[i];
-        free(mod);
-    }
-    if (!pypath)
-        die("soak: the driver (stockade_client/soak.py) is not installed beside %s", self);
+    /* beside a built checkout, then where `make install` put it */
+    char *pypath = NULL;
+    if (is_file(dir, "contrib/soak/stockade_soak/__init__.py"))
+        pypath = xasprintf("%s/contrib/python:%s/contrib/soak", dir, dir);
+    else if (is_file(STOCKADE_PYTHONDIR, "stockade_soak/__init__.py"))
+        pypath = xstrdup(STOCKADE_PYTHONDIR);
+    else
+        die("soak: the driver (stockade_soak) is neither beside %s nor in %s; "
+            "`make install` puts it there", self, STOCKADE_PYTHONDIR);
+    free(copy);
     setenv("PYTHONPATH", pypath, 1);
+    free(pypath);
     char **args = xcalloc((size_t)argc + 6, sizeof *args);
     size_t k = 0;
     args[k++] = "/usr/bin/python3";
     args[k++] = "-m";
-    args[k++] = "stockade_client.soak";
+    args[k++] = "stockade_soak";
     args[k++] = "--stockade";
     args[k++] = self;
     for (int i = 1; i < argc; i++)

@@ -10,20 +10,24 @@
 #include <unistd.h>
 
 static const char usage[] =
-    "usage: stockade COMMAND [ARGS]\n"
+    "usage: stockade COMMAND [ARGS]      (stockade COMMAND --help: its options)\n"
     "  run [options] -- TOOL [ARG...]   run one tool call in a fresh session\n"
     "  serve [options]                  the MessagePack-RPC server (stdin/stdout or a socket)\n"
     "  mcp [options]                    the policy's tools as an MCP server on stdin/stdout\n"
     "  test FILE...                     run LuaUnit policy tests (stockade.testing)\n"
-    "  check [POLICY...]                CI gate: problems in a policy, one per line\n"
+    "  check [--json] [POLICY...]       CI gate: problems in a policy, one per line\n"
     "  diff OLD NEW [--json] [--fail-on-widen]   CI gate: what a policy change widens\n"
-    "  dry-run [POLICY]                 CI gate: run each tool's probe, prove no write outside\n"
+    "  dry-run [--json] [POLICY]        CI gate: run each tool's probe, prove no write outside\n"
     "  budget [POLICY] [--json]         CI gate: the timeout budget table\n"
     "  sessions list|show ID|rm ID|gc   a state dir's sessions, with or without a server\n"
-    "  doctor                           which isolation layers this host can give, and why not\n"
+    "  doctor [--json]                  which isolation layers this host can give, and why not\n"
     "  soak [--duration 1h] [...]       drive a real serve at 2x concurrency, fail on leaks\n"
     "  version                          print the version\n"
-    "See README.md and the design documents for the protocol and the policy API.\n";
+    "Environment: STOCKADE_POLICY (default policy, else /etc/stockade/policy.lua),\n"
+    "STOCKADE_STATE_DIR (else /var/lib/stockade as root, $XDG_RUNTIME_DIR/stockade),\n"
+    "STOCKADE_PLUGIN_PATH (where require \"plugins.X\" looks first).\n"
+    "Exit status 125: a usage error, in every subcommand. Manual: stockade(1),\n"
+    "stockade-policy(5), stockade-protocol(7).\n";
 
 int main(int argc, char **argv)
 {
@@ -36,7 +40,7 @@ int main(int argc, char **argv)
 
     if (argc < 2) {
         fputs(usage, stderr);
-        return 125;
+        return EXIT_USAGE;
     }
     const char *cmd = argv[1];
     if (strcmp(cmd, "run") == 0)
@@ -57,6 +61,14 @@ int main(int argc, char **argv)
         !strcmp(cmd, "budget"))
         return cli_gate(cmd, argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        if (argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)) {
+            puts("usage: stockade version\nPrints \"stockade VERSION\".");
+            return 0;
+        }
+        if (argc > 2) {
+            fprintf(stderr, "stockade version: unexpected argument '%s'\n", argv[2]);
+            return EXIT_USAGE;
+        }
         puts("stockade " STOCKADE_VERSION);
         return 0;
     }
@@ -65,5 +77,6 @@ int main(int argc, char **argv)
         return 0;
     }
     fputs(usage, stderr);
-    die("unknown command '%s'", cmd);
+    fprintf(stderr, "stockade: unknown command '%s'\n", cmd);
+    return EXIT_USAGE;
 }

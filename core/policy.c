@@ -1,6 +1,7 @@
 #include "policy.h"
 #include "lua_embed.h"
 #include "lua_match.h"
+#include "version.h"
 #include "util.h"
 
 #include <errno.h>
@@ -816,7 +817,7 @@ static void set_plugin_dirs(struct policy *p)
     char *copy = xstrdup(p->path);
     char *dir = dirname(copy);
     char *list = env && *env ? xstrdup(env)
-                             : xasprintf("%s/../plugins:%s/plugins:/usr/share/stockade/plugins",
+                             : xasprintf("%s/../plugins:%s/plugins:" STOCKADE_DATADIR "/plugins",
                                          dir, dir);
     free(copy);
     for (char *save = NULL, *tok = strtok_r(list, ":", &save); tok && p->nplugin_dirs < 8;

@@ -486,8 +486,35 @@ static int luaopen_stockade_testing(lua_State *L)
     return 1;
 }
 
+/* The last of package.searchers: the shipped plugins ("plugins.X") and the schema module
+ * ("stockade.schema") as built into the binary, found after every file on package.path
+ * (so a file overrides them), as a policy finds them. */
+static int l_embedded_searcher(lua_State *L)
+{
+    const char *name = luaL_checkstring(L, 1);
+    const char *want = strcmp(name, "stockade.schema") == 0 ? "schema"
+                       : strncmp(name, "plugins.", 8) == 0 ? name : NULL;
+    for (const struct lua_embedded *e = lua_embedded; want && e->name; e++) {
+        if (strcmp(e->name, want) != 0)
+            continue;
+        const char *chunkname = lua_pushfstring(L, "=%s (built in)", e->file);
+        if (luaL_loadbufferx(L, e->src, e->len, chunkname, "t") != LUA_OK)
+            return lua_error(L);
+        lua_pushstring(L, e->file);
+        return 2;
+    }
+    lua_pushfstring(L, "no built-in module '%s'", name);
+    return 1;
+}
+
+/* os.exit(code) as LuaUnit files end (`os.exit(lu.LuaUnit.run())`) skips lua_close, so no
+ * __gc would remove what testing.load made under /tmp: exit through a close instead. */
+static const char exit_closes[] =
+    "local exit = os.exit\n"
+    "os.exit = function(code) return exit(code, true) end\n";
+
 /* A full Lua state (the team's test code, not a policy: all libraries) with
- * stockade.testing preloaded. */
+ * stockade.testing preloaded and the built-in plugins findable. */
 static lua_State *new_full_state(void)
 {
     lua_State *L = luaL_newstate();
@@ -500,6 +527,13 @@ static lua_State *new_full_state(void)
     lua_pushcfunction(L, luaopen_cjson);        /* the linked one, whatever the system has */
     lua_setfield(L, -2, "cjson");
     lua_pop(L, 1);
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "searchers");
+    lua_pushcfunction(L, l_embedded_searcher);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    lua_pop(L, 2);
+    if (luaL_dostring(L, exit_closes) != LUA_OK)
+        die("%s", lua_tostring(L, -1));
     return L;
 }
 
@@ -531,14 +565,33 @@ static int run_file(const char *file)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+static const char test_usage[] =
+    "usage: stockade test FILE...\n"
+    "Runs each LuaUnit FILE in its own process, in a full Lua 5.4 state with\n"
+    "stockade.testing preloaded (POLICY.md, \"Testing a policy\"); luaunit and the shipped\n"
+    "plugins (plugins.NAME) can be required. What testing.load makes under\n"
+    "/tmp/stockade-test-* is removed when the file ends, os.exit included.\n"
+    "Environment: STOCKADE_PLUGIN_PATH (where a policy's require \"plugins.X\" looks first).\n"
+    "Exit status: 0 every file passed, 1 a file failed, 125 usage error.\n";
+
 int cli_test(int argc, char **argv)
 {
-    if (argc < 2) {
-        fputs("usage: stockade test FILE...   (LuaUnit files using stockade.testing)\n", stderr);
-        return 125;
+    if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        fputs(test_usage, stdout);
+        return 0;
+    }
+    int first = argc >= 2 && strcmp(argv[1], "--") == 0 ? 2 : 1;
+    if (first == 1 && argc >= 2 && argv[1][0] == '-') {
+        fprintf(stderr, "stockade test: unknown option '%s'\n", argv[1]);
+        fputs(test_usage, stderr);
+        return EXIT_USAGE;
+    }
+    if (argc <= first) {
+        fputs(test_usage, stderr);
+        return EXIT_USAGE;
     }
     int failed = 0;
-    for (int i = 1; i < argc; i++) {
+    for (int i = first; i < argc; i++) {
         int rc = run_file(argv[i]);
         if (rc != 0) {
             fprintf(stderr, "stockade test: %s failed (status %d)\n", argv[i], rc);

@@ -3,12 +3,12 @@
 -- Run by core/testing.c (cli_gate) in a full Lua 5.4 state, with `stockade.testing`
 -- preloaded, as  gates(command, args, self_exe)  and returns the exit status:
 --
---   check [POLICY...]                        0 all clean, 1 a problem (one line each)
+--   check [--json] [POLICY...]               0 all clean, 1 a problem (one line each)
 --   diff OLD NEW [--json] [--fail-on-widen]  1 an added tool lacks schema/owner/timeout,
 --                                            or (with --fail-on-widen) anything widened
---   dry-run [POLICY]                         1 a probe wrote outside its root or failed
+--   dry-run [--json] [POLICY]                1 a probe wrote outside its root or failed
 --   budget [POLICY] [--json]                 1 the fuse is not below idle_shutdown
---   (2 for a usage error)
+--   (125 for a usage error, as every stockade subcommand)
 --
 -- Everything is read from the normalized policy (testing.load(path):describe()):
 -- durations in ms, sizes in bytes, hooks as {kind = "function", where, source}. Problem
@@ -21,11 +21,17 @@ self = (self and self ~= "") and self or "stockade"
 
 local testing = require "stockade.testing"
 
-local EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+local EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 125
 
 -- ---- small helpers ------------------------------------------------------------------
 
-local function printf(fmt, ...) io.stdout:write(string.format(fmt, ...)) end
+-- With --json the human lines are kept out of stdout (captured, then dropped): stdout
+-- carries the one JSON document.
+local capture
+local function printf(fmt, ...)
+  local s = string.format(fmt, ...)
+  if capture then capture[#capture + 1] = s else io.stdout:write(s) end
+end
 local function eprintf(fmt, ...) io.stderr:write(string.format(fmt, ...)) end
 
 local function q(s)                       -- a shell word
@@ -220,6 +226,11 @@ end
 local secret_patterns, secrets_err
 local function secret_set(policy_file)
   if secret_patterns or secrets_err then return secret_patterns end
+  local ok0, built_in = pcall(require, "plugins.secrets")   -- a file on the path, or built in
+  if ok0 and type(built_in) == "table" and type(built_in.default) == "table" then
+    secret_patterns = built_in.default
+    return secret_patterns
+  end
   local path = support_file("plugins/secrets.lua")
   if not path and policy_file then
     for _, p in ipairs { dirname(policy_file) .. "/../plugins/secrets.lua",
@@ -587,7 +598,7 @@ local function check_policy(path)
   local p, d = load_policy(path)
   if not p then
     printf("%s\n", d)
-    return EXIT_FAIL
+    return EXIT_FAIL, { d }, 0
   end
   local file = d.file
   local text = read_file(file)
@@ -619,28 +630,45 @@ local function check_policy(path)
   if #problems > 0 then
     eprintf("%s: %d tool%s, %d problem%s\n", file, #names, #names == 1 and "" or "s",
             #problems, #problems == 1 and "" or "s")
-    return EXIT_FAIL
+    return EXIT_FAIL, problems, #names
   end
   printf("%s: %d tool%s, OK\n", file, #names, #names == 1 and "" or "s")
-  return EXIT_OK
+  return EXIT_OK, problems, #names
 end
 
+local POLICY_DEFAULT_HELP = "POLICY defaults to $STOCKADE_POLICY, else /etc/stockade/policy.lua.\n"
+
 local function cmd_check(argv)
-  local files = {}
+  local files, as_json = {}, false
   for _, a in ipairs(argv) do
     if a == "-h" or a == "--help" then
-      printf("usage: stockade check [POLICY...]\n")
+      printf("usage: stockade check [--json] [POLICY...]\n"
+             .. "Problems in each policy, one line each: FILE:LINE: what.\n"
+             .. "  --json   one JSON document on stdout: {ok, files: [{file, ok, tools, problems}]}\n"
+             .. POLICY_DEFAULT_HELP
+             .. "Exit status: 0 clean, 1 a problem, 125 usage error.\n")
       return EXIT_OK
-    elseif a:sub(1, 2) == "--" then
-      eprintf("stockade check: unknown option %s\n", a)
+    elseif a == "--json" then
+      as_json = true
+    elseif a:sub(1, 1) == "-" then
+      eprintf("stockade check: unknown option %s (--help for the options)\n", a)
       return EXIT_USAGE
+    else
+      files[#files + 1] = a
     end
-    files[#files + 1] = a
   end
   if #files == 0 then files[1] = default_policy() end
-  local status = EXIT_OK
+  local status, report = EXIT_OK, {}
+  if as_json then capture = {} end
   for _, f in ipairs(files) do
-    if check_policy(f) ~= EXIT_OK then status = EXIT_FAIL end
+    local st, problems, ntools = check_policy(f)
+    if st ~= EXIT_OK then status = EXIT_FAIL end
+    report[#report + 1] = { file = f, ok = st == EXIT_OK, tools = ntools,
+                            problems = array(problems) }
+  end
+  if as_json then
+    capture = nil
+    printf("%s\n", json.encode({ ok = status == EXIT_OK, files = report }))
   end
   return status
 end
@@ -978,7 +1006,12 @@ local function cmd_diff(argv)
     if a == "--json" then as_json = true
     elseif a == "--fail-on-widen" then fail_on_widen = true
     elseif a == "-h" or a == "--help" then
-      printf("usage: stockade diff OLD NEW [--json] [--fail-on-widen]\n")
+      printf("usage: stockade diff OLD NEW [--json] [--fail-on-widen]\n"
+             .. "What NEW changes against OLD, and which changes widen what a tool may do.\n"
+             .. "  --json            one JSON document on stdout instead of the table\n"
+             .. "  --fail-on-widen   exit 1 when anything widens (default: only when an\n"
+             .. "                    added tool lacks a schema, an owner or a timeout)\n"
+             .. "Exit status: 0 accepted, 1 refused, 125 usage error.\n")
       return EXIT_OK
     elseif a:sub(1, 2) == "--" then
       eprintf("stockade diff: unknown option %s\n", a)
@@ -1011,7 +1044,11 @@ local function cmd_budget(argv)
   for _, a in ipairs(argv) do
     if a == "--json" then as_json = true
     elseif a == "-h" or a == "--help" then
-      printf("usage: stockade budget [POLICY] [--json]\n")
+      printf("usage: stockade budget [POLICY] [--json]\n"
+             .. "The timeout budget: call <= call_max <= fuse < idle_shutdown, grace < call.\n"
+             .. "  --json   one JSON document on stdout instead of the table\n"
+             .. POLICY_DEFAULT_HELP
+             .. "Exit status: 0 consistent, 1 the fuse is not below idle_shutdown, 125 usage error.\n")
       return EXIT_OK
     elseif a:sub(1, 2) == "--" or file then
       eprintf("usage: stockade budget [POLICY] [--json]\n")
@@ -1133,34 +1170,61 @@ local function build_tree(ws, canary)
   return code == 0
 end
 
+local dry_run
+
 local function cmd_dry_run(argv)
-  local file
+  local file, as_json
   for _, a in ipairs(argv) do
     if a == "-h" or a == "--help" then
-      printf("usage: stockade dry-run [POLICY]\n")
+      printf("usage: stockade dry-run [--json] [POLICY]\n"
+             .. "Runs each tool's probe through `stockade run` in a synthetic workspace and\n"
+             .. "proves it wrote nothing outside its session root.\n"
+             .. "  --json   one JSON document on stdout: {ok, policy, tools: [{tool, result}]}\n"
+             .. POLICY_DEFAULT_HELP
+             .. "Temp state under /var/tmp/stockade-dryrun.*, removed at the end.\n"
+             .. "Exit status: 0 every probe OK, 1 a probe failed, 125 usage error.\n")
       return EXIT_OK
-    elseif a:sub(1, 2) == "--" or file then
-      eprintf("usage: stockade dry-run [POLICY]\n")
+    elseif a == "--json" then
+      as_json = true
+    elseif a:sub(1, 1) == "-" or file then
+      eprintf("usage: stockade dry-run [--json] [POLICY]   (--help for more)\n")
       return EXIT_USAGE
     else file = a end
   end
   file = file or default_policy()
+  if as_json then capture = {} end
+  local status, rows = dry_run(file)
+  if as_json then
+    capture = nil
+    local tools = {}
+    for _, r in ipairs(rows) do tools[#tools + 1] = { tool = r[1], result = r[2] } end
+    printf("%s\n", json.encode({ ok = status == EXIT_OK, policy = file,
+                                 tools = array(tools) }))
+  end
+  return status
+end
+
+dry_run = function(file)
   local p, d = load_policy(file)
-  if not p then printf("%s\n", d); return EXIT_FAIL end
+  if not p then printf("%s\n", d); return EXIT_FAIL, { { "(policy)", d } } end
 
   local names = sorted_keys(d.tools)
   local any_probe = false
   for _, name in ipairs(names) do any_probe = any_probe or d.tools[name].probe ~= nil end
   if not any_probe then
-    for _, name in ipairs(names) do printf("%s: not dry-run\n", name) end
+    local rows = {}
+    for _, name in ipairs(names) do
+      printf("%s: not dry-run\n", name)
+      rows[#rows + 1] = { name, "not dry-run" }
+    end
     printf("%s: 0 probed, 0 OK, 0 failed, %d not dry-run\n", d.file, #names)
-    return EXIT_OK
+    return EXIT_OK, rows
   end
 
   local tmp = sh("mktemp -d /var/tmp/stockade-dryrun.XXXXXX 2>&1"):gsub("\n$", "")
   if tmp == "" or tmp:sub(1, 1) ~= "/" then
     printf("%s: cannot create a temp state dir: %s\n", d.file, tmp)
-    return EXIT_FAIL
+    return EXIT_FAIL, { { "(dry-run)", "cannot create a temp state dir: " .. tmp } }
   end
   local canary = tmp .. "/canary"
   sh("chmod 0755 " .. q(tmp) .. " && mkdir -p " .. q(canary) .. " " .. q(tmp .. "/sessions")
@@ -1278,7 +1342,7 @@ local function cmd_dry_run(argv)
   end
   printf("%s: %d probed, %d OK, %d failed, %d not dry-run\n", d.file, n, counts.ok, counts.bad,
          counts.skipped)
-  return status
+  return status, rows
 end
 
 -- ---- dispatch -----------------------------------------------------------------------

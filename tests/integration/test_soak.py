@@ -1,6 +1,6 @@
-"""Integration tests of the soak driver (contrib/python/stockade_client/soak.py, what
-`stockade soak` runs): short soaks of the real binary through
-`python3 -m stockade_client.soak --stockade ./stockade`, and the verdict, the duration
+"""Integration tests of the soak driver (contrib/soak/stockade_soak, what `stockade soak`
+runs): short soaks of the real binary through
+`python3 -m stockade_soak --stockade ./stockade`, and the verdict, the duration
 parser and the chart on fabricated runs.
 
     cd /work/main && /usr/bin/python3 -m pytest -q -p no:cacheprovider \
@@ -18,11 +18,13 @@ import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONTRIB = os.path.join(REPO_ROOT, "contrib", "python")
+SOAK_DIR = os.path.join(REPO_ROOT, "contrib", "soak")
 DEFAULT_POLICY = os.path.join(REPO_ROOT, "policies", "default.lua")
-if CONTRIB not in sys.path:
-    sys.path.insert(0, CONTRIB)
+for d in (CONTRIB, SOAK_DIR):
+    if d not in sys.path:
+        sys.path.insert(0, d)
 
-from stockade_client import soak  # noqa: E402
+import stockade_soak as soak  # noqa: E402
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 CALL_KINDS = list(soak.KINDS)                 # every kind of call in the mix
@@ -33,11 +35,11 @@ def run_soak(stockade, args, timeout, workdir_base=None):
     """Run the driver as `stockade soak` does; returns the CompletedProcess (text).
     workdir_base: where it makes its work dir (STOCKADE_SOAK_TMPDIR)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = CONTRIB
+    env["PYTHONPATH"] = CONTRIB + ":" + SOAK_DIR
     if workdir_base:
         env["STOCKADE_SOAK_TMPDIR"] = workdir_base
     env.pop("STOCKADE_DEPTH", None)
-    cmd = [sys.executable, "-m", "stockade_client.soak", "--stockade", stockade,
+    cmd = [sys.executable, "-m", "stockade_soak", "--stockade", stockade,
            "--progress", "plain"] + list(args)
     # Under ASan freed memory sits in the allocator's quarantine (hundreds of MiB by
     # design), so RSS growth says nothing about leaks there; LeakSanitizer does.
@@ -197,10 +199,10 @@ def test_soak_usage_errors(stockade, tmp_path):
                  ["--mix", "nonsense=3"], ["--policy", str(tmp_path / "missing.lua"),
                                            "--duration", "1s"]):
         cp = run_soak(stockade, args, timeout=60, workdir_base=str(base))
-        assert cp.returncode == 2, (args, cp.returncode, cp.stderr)
+        assert cp.returncode == 125, (args, cp.returncode, cp.stderr)
     cp = run_soak(str(tmp_path / "no-such-stockade"), ["--duration", "1s"], timeout=60,
                   workdir_base=str(base))
-    assert cp.returncode == 2
+    assert cp.returncode == 125
     # a refused run leaves nothing behind
     assert os.listdir(base) == []
 

@@ -1,8 +1,11 @@
 """``stockade soak``: drive a real ``stockade serve`` child over the protocol with a hostile
 workload mix for a set duration, sample what the server holds, and fail on leaks.
 
-    python3 -m stockade_client.soak --stockade ./stockade --duration 30s [options]
+    python3 -m stockade_soak --stockade ./stockade --duration 30s [options]
     stockade soak [options]        # the binary execs this module with --stockade SELF
+
+A program of its own (contrib/soak/stockade_soak, installed beside the client library by
+`make install`), built on the protocol client stockade_client.
 
 What it does (ARCHITECTURE.md, "Accounting and soak"):
 
@@ -56,8 +59,8 @@ What it does (ARCHITECTURE.md, "Accounting and soak"):
   session dirs, sample *final*, look for surviving marked processes, close the server's
   stdin and check its exit status.
 
-Verdict (exit status 1 when any check fails; 2 for a usage error or a server that cannot
-start; 130 for a run stopped early by SIGINT/SIGTERM whose checks passed — it drains and
+Verdict (exit status 1 when any check fails; 125 for a usage error or a server that cannot
+start, as every stockade subcommand; 130 for a run stopped early by SIGINT/SIGTERM whose checks passed — it drains and
 reports as usual; 0 otherwise):
 
 - the server never died and exited 0 after its stdin was closed;
@@ -98,13 +101,14 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .client import Client, Session
-from .errors import (ConnectionClosed, NoSuchSession, Overloaded, SessionExpired,
-                     StockadeError)
+from stockade_client.client import Client, Session
+from stockade_client.errors import (ConnectionClosed, NoSuchSession, Overloaded,
+                                    SessionExpired, StockadeError)
 
 __all__ = ["main", "parse_duration", "evaluate", "render_svg", "KINDS", "Soak"]
 
 MiB = 1 << 20
+EXIT_USAGE = 125        # a usage error, as in every stockade subcommand
 
 # ---------------------------------------------------------------- parsing
 
@@ -194,7 +198,7 @@ def _policy_text(concurrency: int, isolation: str, with_secrets: bool) -> str:
     n = max(2, 2 * concurrency)
     secrets_req = 'local secrets = require "plugins.secrets"\n' if with_secrets else ""
     redact = "  redact = { secrets.default },\n" if with_secrets else ""
-    return f"""-- Written by `stockade soak` (stockade_client.soak): the soak's workload policy.
+    return f"""-- Written by `stockade soak` (stockade_soak): the soak's workload policy.
 -- policies/default.lua's registry and values, with the soak's limits: a small process
 -- cap for the fork bombs, admission sized for {concurrency} concurrent workers.
 local stockade = require "stockade"
@@ -236,19 +240,6 @@ return stockade.policy {{
   }},
 }}
 """
-
-
-def _find_plugins(stockade: str) -> Optional[str]:
-    """A plugins/ directory holding secrets.lua for the written policy, if any."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    bindir = os.path.dirname(os.path.realpath(stockade))
-    for d in (os.path.join(bindir, "plugins"),
-              os.path.join(bindir, "..", "share", "stockade", "plugins"),
-              os.path.normpath(os.path.join(here, "..", "..", "..", "plugins")),
-              "/usr/share/stockade/plugins"):
-        if os.path.isfile(os.path.join(d, "secrets.lua")):
-            return os.path.realpath(d)
-    return None
 
 
 # ---------------------------------------------------------------- host observation (/proc)
@@ -501,12 +492,10 @@ class Soak:
                 raise SystemExit(self._usage(f"--policy {o.policy}: no such file"))
         else:
             self.concurrency = o.concurrency or self._cpu_default()
-            plugins = _find_plugins(o.stockade)
+            # plugins.secrets is built into the binary: no plugin directory needed
             self.policy_path = os.path.join(self.workdir, "soak_workload.lua")
             with open(self.policy_path, "w", encoding="utf-8") as f:
-                f.write(_policy_text(self.concurrency, o.isolation, plugins is not None))
-            if plugins is not None:
-                env["STOCKADE_PLUGIN_PATH"] = plugins
+                f.write(_policy_text(self.concurrency, o.isolation, True))
             self.policy_written = True
         self.log_path = os.path.join(self.workdir, "serve.log")
         self.serve_log = open(self.log_path, "wb")
@@ -535,7 +524,7 @@ class Soak:
         # the message carries the server log's tail already; an empty work dir is litter
         print(f"stockade soak: {msg}", file=self.err, flush=True)
         self.cleanup(keep=self.o.keep_state)
-        return 2
+        return EXIT_USAGE
 
     @staticmethod
     def _cpu_default(max_running: Optional[int] = None) -> int:
@@ -1596,14 +1585,23 @@ def _mix_arg(text: str) -> Dict[str, int]:
     return out
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with stockade's usage-error status instead of argparse's 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="stockade soak",
         description="Drive a real `stockade serve` with a hostile workload mix and fail on "
                     "leaked zombies, descriptors, memory, processes or session dirs.",
-        epilog="Exit status: 0 every check passed, 1 a check failed, 2 usage error or the "
-               "server could not start, 130 interrupted (drained and reported). See the "
-               "module docstring (stockade_client/soak.py).")
+        epilog="Exit status: 0 every check passed, 1 a check failed, 125 usage error or the "
+               "server could not start, 130 interrupted (drained and reported). Environment: "
+               "STOCKADE_BIN (the binary), STOCKADE_SOAK_TMPDIR (where the work dir goes, "
+               "default /var/tmp). See the module docstring (contrib/soak/stockade_soak).")
     p.add_argument("--stockade", default=os.environ.get("STOCKADE_BIN") or shutil.which("stockade"),
                    help="the stockade binary to run as `stockade serve` (default: $STOCKADE_BIN, "
                         "else stockade on PATH)")
@@ -1693,7 +1691,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # an interrupted run proved less than it was asked to: never exit 0
         return 130 if rc == 0 and soak.interrupted else rc
     except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 2
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     except KeyboardInterrupt:
         print("stockade soak: aborted", file=sys.stderr)
         if soak.client is not None and soak.client.proc.poll() is None:
@@ -1706,6 +1704,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             except (ValueError, OSError):
                 pass
 
-
-if __name__ == "__main__":
-    sys.exit(main())
