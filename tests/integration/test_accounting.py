@@ -204,6 +204,18 @@ def test_metrics_file_is_prometheus_text(server, state_dir):
     assert not [f for f in os.listdir(state_dir) if ".prom." in f]
 
 
+def own_policy_copy(state_dir):
+    """A copy of the alarms policy the test may break (reloads re-read the served file)."""
+    path = os.path.join(state_dir, "policy.lua")
+    shutil.copy(ALARMS, path)
+    return path
+
+
+def break_policy(path):
+    with open(path, "w") as f:
+        f.write("return 42  -- not a policy\n")
+
+
 def parse_prom(text):
     """{family: {"help", "type", "samples": {name{labels}: value}}} with every sample
     attributed to the family declared before it."""
@@ -234,13 +246,15 @@ def test_metrics_conventions_and_removal(server, state_dir):
     """# HELP and # TYPE for every family; latency a histogram in seconds; build info;
     reload, session and RPC-error counters; the file is gone once the server exits."""
     metrics = os.path.join(state_dir, "stockade.prom")
-    c = server(extra=["--metrics", metrics, "--metrics-interval", "200ms"])
+    policy = own_policy_copy(state_dir)
+    c = server(policy=policy, extra=["--metrics", metrics, "--metrics-interval", "200ms"])
     s = c.open_session()
     assert s.call("echo", ["hi"]).class_ == "OK"
     s.close()
     c.reload_policy()
+    break_policy(policy)
     with pytest.raises(Exception):
-        c.reload_policy(os.path.join(state_dir, "no-such-policy.lua"))
+        c.reload_policy()
     with pytest.raises(Exception):
         c.close_session("never-opened")
 
@@ -283,7 +297,8 @@ def test_audit_trail(server, state_dir):
     """start-up, session open/close/expire with labels, reloads, shutdown: one JSON line
     each in --log; SIGUSR1 reopens --log (logrotate moved the old one away). (The session
     records are server.c's: "event":"session" with its "state".)"""
-    c = server()
+    policy = own_policy_copy(state_dir)
+    c = server(policy=policy)
     s = c.open_session(labels={"agent": "a1", "ticket": "42"})
     s.close()
     short = c.open_session(ttl_ms=300, labels={"agent": "a2"})
@@ -294,8 +309,9 @@ def test_audit_trail(server, state_dir):
     os.rename(c.log_path, rotated)
     c.proc.send_signal(signal.SIGUSR1)
     assert wait_until(lambda: os.path.exists(c.log_path), WAIT, "--log reopened")
+    break_policy(policy)
     with pytest.raises(Exception):
-        c.reload_policy(os.path.join(state_dir, "no-such-policy.lua"))
+        c.reload_policy()
     assert c.close() == 0
 
     def records(path):
