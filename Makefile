@@ -13,8 +13,8 @@ MSGPACK_PC := $(or $(call have_pc,msgpack-c),$(call have_pc,msgpack),msgpack-c)
 PKGS    := lua5.4 lua5.4-cjson $(MSGPACK_PC) libseccomp nettle jansson libhs libpcre2-8 libsystemd
 # the Debian package that ships each .pc (and libev's header, which has no .pc)
 DEB_OF  := lua5.4=liblua5.4-dev lua5.4-cjson=lua-cjson-dev msgpack=libmsgpack-dev \
-           msgpack-c=libmsgpack-c-dev libseccomp=libseccomp-dev nettle=nettle-dev \
-           jansson=libjansson-dev libhs=libvectorscan-dev libpcre2-8=libpcre2-dev \
+           msgpack-c=libmsgpack-c-dev|libmsgpack-dev libseccomp=libseccomp-dev nettle=nettle-dev \
+           jansson=libjansson-dev libhs=libvectorscan-dev|libhyperscan-dev libpcre2-8=libpcre2-dev \
            libsystemd=libsystemd-dev ev.h=libev-dev pkg-config=pkg-config
 MISSING := $(if $(shell command -v pkg-config),,pkg-config) \
            $(foreach p,$(PKGS),$(if $(call have_pc,$(p)),,$(p))) \
@@ -26,9 +26,11 @@ PREFIX     ?= /usr/local
 BINDIR     ?= $(PREFIX)/bin
 DATADIR    ?= $(PREFIX)/share/stockade
 MANDIR     ?= $(PREFIX)/share/man
-SYSCONFDIR ?= $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
+# /etc whatever the prefix: the binary's default policy is /etc/stockade/policy.lua
+SYSCONFDIR ?= /etc
 PYTHONDIR  ?= $(PREFIX)/lib/python3/dist-packages
-UNITDIR    ?= $(if $(filter /usr,$(PREFIX)),/lib/systemd/system,$(PREFIX)/lib/systemd/system)
+SYSTEMD_UNITDIR := $(or $(shell pkg-config --variable=systemdsystemunitdir systemd 2>/dev/null),/lib/systemd/system)
+UNITDIR    ?= $(if $(filter /usr,$(PREFIX)),$(SYSTEMD_UNITDIR),$(PREFIX)/lib/systemd/system)
 COMPLETIONDIR ?= $(PREFIX)/share/bash-completion/completions
 
 VARIANT := $(if $(SAN),san,rel)
@@ -61,7 +63,7 @@ UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/%)
 
 .PHONY: all deps check check-graph check-unit check-lua luacheck check-integration check-mcp \
-        check-node demo fuzz clean bench bench-quick build-deps install uninstall man deb
+        check-node demo fuzz clean bench bench-quick build-deps install uninstall man deb FORCE
 all: stockade
 
 # A missing build dependency is named in one line, before any compiler error about it.
@@ -207,3 +209,76 @@ demo: deps
 
 clean:
 	rm -rf build stockade $(NODE_DIR)/node_modules $(NODE_DIR)/build
+
+# ---- install -------------------------------------------------------------------------
+# `make install PREFIX=/usr/local DESTDIR=`: the binary, the shipped plugins, example
+# policies under /etc/stockade/ (an existing file is never overwritten: policy.lua is the
+# operator's), man pages, systemd units, bash completion, the Python client and the soak
+# driver. `make uninstall` removes them again, and an /etc file only if unchanged.
+MAN_SRC  := $(wildcard man/*.scd)
+MAN_OUT  := $(MAN_SRC:man/%.scd=build/man/%)
+PY_CLIENT := $(wildcard contrib/python/stockade_client/*.py)
+PY_SOAK   := $(wildcard contrib/soak/stockade_soak/*.py)
+ETC_EXAMPLES := $(wildcard policies/*.lua)
+INSTALL  ?= install
+# the units name the binary by its installed path
+UNIT_SED := sed -e 's|/usr/bin/stockade|$(BINDIR)/stockade|g'
+
+man: $(MAN_OUT)
+build/man/%: man/%.scd
+	@mkdir -p build/man
+	@command -v scdoc >/dev/null || { echo "stockade: scdoc is missing (Debian package: scdoc)" >&2; exit 1; }
+	scdoc < $< > $@
+
+install: stockade man
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(DATADIR)/plugins \
+	    $(DESTDIR)$(SYSCONFDIR)/stockade $(DESTDIR)$(UNITDIR) $(DESTDIR)$(COMPLETIONDIR) \
+	    $(DESTDIR)$(PYTHONDIR)/stockade_client $(DESTDIR)$(PYTHONDIR)/stockade_soak \
+	    $(foreach s,1 5 7,$(DESTDIR)$(MANDIR)/man$(s))
+	$(INSTALL) -m 0755 $(B)/stockade $(DESTDIR)$(BINDIR)/stockade
+	$(INSTALL) -m 0644 $(PLUGIN_SRC) $(DESTDIR)$(DATADIR)/plugins/
+	@set -e; new() { if [ -e "$$2" ]; then echo "  KEEP  $$2 (exists)"; \
+	    else $(INSTALL) -D -m 0644 "$$1" "$$2"; echo "  NEW   $$2"; fi; }; \
+	for f in $(ETC_EXAMPLES); do new $$f $(DESTDIR)$(SYSCONFDIR)/stockade/$$(basename $$f); done; \
+	new policies/default.lua $(DESTDIR)$(SYSCONFDIR)/stockade/policy.lua; \
+	new contrib/systemd/stockade.default $(DESTDIR)$(SYSCONFDIR)/default/stockade; \
+	new contrib/systemd/stockade.logrotate $(DESTDIR)$(SYSCONFDIR)/logrotate.d/stockade
+	for u in stockade.service stockade.socket; do \
+	    $(UNIT_SED) contrib/systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u.tmp && \
+	    chmod 0644 $(DESTDIR)$(UNITDIR)/$$u.tmp && mv -f $(DESTDIR)$(UNITDIR)/$$u.tmp $(DESTDIR)$(UNITDIR)/$$u; done
+	$(INSTALL) -m 0644 contrib/completion/stockade.bash $(DESTDIR)$(COMPLETIONDIR)/stockade
+	$(INSTALL) -m 0644 $(PY_CLIENT) $(DESTDIR)$(PYTHONDIR)/stockade_client/
+	$(INSTALL) -m 0644 $(PY_SOAK) $(DESTDIR)$(PYTHONDIR)/stockade_soak/
+	$(foreach m,$(MAN_OUT),$(INSTALL) -m 0644 $(m) $(DESTDIR)$(MANDIR)/man$(subst .,,$(suffix $(m)))/;)
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/stockade $(DESTDIR)$(COMPLETIONDIR)/stockade \
+	    $(DESTDIR)$(UNITDIR)/stockade.service $(DESTDIR)$(UNITDIR)/stockade.socket \
+	    $(foreach m,$(MAN_SRC:man/%.scd=%),$(DESTDIR)$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(m))
+	rm -rf $(DESTDIR)$(DATADIR) $(DESTDIR)$(PYTHONDIR)/stockade_client \
+	    $(DESTDIR)$(PYTHONDIR)/stockade_soak
+	@same() { if cmp -s "$$1" "$$2"; then rm -f "$$2"; \
+	    elif [ -e "$$2" ]; then echo "  KEEP  $$2 (changed)"; fi; }; \
+	for f in $(ETC_EXAMPLES); do same $$f $(DESTDIR)$(SYSCONFDIR)/stockade/$$(basename $$f); done; \
+	same policies/default.lua $(DESTDIR)$(SYSCONFDIR)/stockade/policy.lua; \
+	same contrib/systemd/stockade.default $(DESTDIR)$(SYSCONFDIR)/default/stockade; \
+	same contrib/systemd/stockade.logrotate $(DESTDIR)$(SYSCONFDIR)/logrotate.d/stockade
+	@rmdir $(DESTDIR)$(SYSCONFDIR)/stockade 2>/dev/null || true
+
+# ---- Debian package ------------------------------------------------------------------
+# `make deb`: build/deb/stockade_VERSION_ARCH.deb with debhelper from debian/, built in a
+# copy of the tree (dpkg-buildpackage writes beside the source), then checked by lintian
+# (errors fail the target).
+DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null)
+DEB      := build/deb/stockade_$(VERSION)_$(DEB_ARCH).deb
+deb:
+	@sh $(DEPS) --with-deb
+	@command -v dpkg-buildpackage >/dev/null && command -v dh >/dev/null || \
+	    { echo "stockade: make deb needs dpkg-dev and debhelper (run 'make deps' as root)" >&2; exit 1; }
+	rm -rf build/deb && mkdir -p build/deb/stockade-$(VERSION)
+	tar -c --exclude=./build --exclude=./.git --exclude=./stockade --exclude=__pycache__ . | \
+	    tar -x -C build/deb/stockade-$(VERSION)
+	cd build/deb/stockade-$(VERSION) && dpkg-buildpackage -us -uc -b -j2 >../build.log 2>&1 || \
+	    { tail -40 ../build.log; exit 1; }
+	lintian --fail-on error $(DEB)
+	@echo "  DEB   $(DEB)"

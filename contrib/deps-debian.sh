@@ -1,17 +1,41 @@
 #!/bin/sh
 # Install the Debian packages stockade needs to build and test, when they are missing.
 # As root: apt-get install -y of what is missing. Otherwise: say what is missing and fail.
+#   --with-clang   also what `make fuzz` needs
+#   --with-deb     also what `make deb` and .ci/deb-smoke need
+# Works on Debian 12, Debian 13 and Ubuntu 24.04 (msgpack-c's -dev package changed name).
 set -eu
 
-PKGS="gcc make pkg-config liblua5.4-dev lua5.4 libev-dev libmsgpack-dev libseccomp-dev nettle-dev lua-cjson-dev libjansson-dev \
-lua-unit lua-cjson lua-check libvectorscan-dev libpcre2-dev python3-msgpack python3-pytest json-schema-test-suite iproute2 strace curl nodejs \
+PKGS="gcc make pkg-config liblua5.4-dev lua5.4 libev-dev libseccomp-dev nettle-dev lua-cjson-dev \
+libjansson-dev libvectorscan-dev libpcre2-dev libsystemd-dev scdoc lua-unit lua-cjson \
+lua-check python3-msgpack python3-pytest json-schema-test-suite iproute2 strace curl nodejs \
 python3-pynvim python3-setuptools python3-pip"
-[ "${1:-}" = "--with-clang" ] && PKGS="$PKGS clang"
+for arg in "$@"; do
+    case $arg in
+        --with-clang) PKGS="$PKGS clang" ;;
+        --with-deb) PKGS="$PKGS debhelper dpkg-dev lintian systemd man-db bash-completion" ;;
+    esac
+done
+
+installed() {
+    case "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" in
+        *" installed") return 0 ;;
+    esac
+    return 1
+}
+
+# msgpack-c: libmsgpack-dev on Debian 12, libmsgpack-c-dev on Debian 13 / Ubuntu 24.04
+if ! installed libmsgpack-c-dev && ! installed libmsgpack-dev; then
+    if apt-cache show libmsgpack-c-dev >/dev/null 2>&1; then
+        PKGS="$PKGS libmsgpack-c-dev"
+    else
+        PKGS="$PKGS libmsgpack-dev"
+    fi
+fi
 
 missing=""
 for p in $PKGS; do
-    st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
-    case "$st" in *" installed") ;; *) missing="$missing $p" ;; esac
+    installed "$p" || missing="$missing $p"
 done
 # npm is its own Debian package, but part of the nodesource nodejs build: whichever is there
 command -v npm >/dev/null 2>&1 || missing="$missing npm"

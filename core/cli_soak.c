@@ -30,15 +30,20 @@ int cli_soak(int argc, char **argv)
     self[n] = 0;
     char *copy = xstrdup(self);
     char *dir = dirname(copy);
-    /* beside a built checkout, then where `make install` put it */
+    /* beside a built checkout; else installed beside us (BINDIR/../lib/python3/...: an
+     * extracted package works wherever it lies); else where `make install` put it */
     char *pypath = NULL;
+    char *beside = xasprintf("%s/../lib/python3/dist-packages", dir);
     if (is_file(dir, "contrib/soak/stockade_soak/__init__.py"))
         pypath = xasprintf("%s/contrib/python:%s/contrib/soak", dir, dir);
+    else if (is_file(beside, "stockade_soak/__init__.py"))
+        pypath = xstrdup(beside);
     else if (is_file(STOCKADE_PYTHONDIR, "stockade_soak/__init__.py"))
         pypath = xstrdup(STOCKADE_PYTHONDIR);
     else
         die("soak: the driver (stockade_soak) is neither beside %s nor in %s; "
             "`make install` puts it there", self, STOCKADE_PYTHONDIR);
+    free(beside);
     free(copy);
     setenv("PYTHONPATH", pypath, 1);
     free(pypath);
