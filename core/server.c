@@ -1927,7 +1927,7 @@ static void on_conn_close(struct rpc_conn *rpc, const char *why)
     }
     free(conn);
     /* On stdio the orchestrator owns the server: when it goes, everything goes. */
-    if (!srv->opts->listen_path)
+    if (!srv->opts->listen_path && srv->opts->listen_fd <= 2)
         shutdown_begin(srv, true);
 }
 

@@ -57,6 +57,11 @@ def test_socket_activation_and_notify(tmp):
             r = s.call("echo", ["activated"])
             assert r.class_ == "OK" and r.stdout == b"activated\n", r
         c.close()
+        # a socket-activated server outlives its clients, like one on --listen
+        c2 = Client.connect_unix(path, rpc_timeout=30)
+        assert c2.hello().version
+        c2.close()
+        assert proc.poll() is None, "the server stopped when its client left"
         proc.terminate()
         assert any("STOPPING=1" in g for g in notifications(notify, "STOPPING=1"))
         assert proc.wait(30) == 0
