@@ -18,7 +18,15 @@ static const char mcp_usage[] =
     "                    [--log-level LEVEL]\n"
     "A Model Context Protocol server on stdin/stdout (JSON-RPC 2.0, one message per line):\n"
     "every tool of the policy is an MCP tool; the calls of one connection share one session.\n"
-    "Logs are JSON lines on stderr (or --log FILE).\n";
+    "  --policy FILE        default $STOCKADE_POLICY, else /etc/stockade/policy.lua\n"
+    "  --state-dir DIR      default $STOCKADE_STATE_DIR, else /var/lib/stockade as root,\n"
+    "                       else $XDG_RUNTIME_DIR/stockade\n"
+    "  --session-ttl DUR    the session's lease (default: the policy's timeouts.lease)\n"
+    "  --max-message SIZE   largest JSON message accepted (default 4MiB)\n"
+    "  --uid-range A-B      per-session uids when run as root (default 210000-219999)\n"
+    "  --log FILE           JSON-lines log (default stderr); SIGUSR1 reopens it\n"
+    "  --log-level LEVEL    error, warn, info (default) or debug\n"
+    "Exit status: 0, or 125 usage or start-up error.\n";
 
 int cli_mcp(int argc, char **argv)
 {
@@ -56,7 +64,7 @@ int cli_mcp(int argc, char **argv)
         case 'L': cli_opt_log_file(optarg); break;
         case 'E': cli_opt_log_level(optarg); break;
         case 'h': fputs(mcp_usage, stdout); return 0;
-        default: fputs(mcp_usage, stderr); return 125;
+        default: fputs(mcp_usage, stderr); return EXIT_USAGE;
         }
     }
     if (optind < argc)

@@ -13,8 +13,8 @@ import pytest
 
 from conftest import FIXTURES, POLICY, REPO_ROOT, RUN_TIMEOUT
 
-SUBCOMMANDS = ["run", "serve", "test", "check", "diff", "dry-run", "budget", "doctor", "soak",
-               "version"]
+SUBCOMMANDS = ["run", "serve", "mcp", "test", "check", "diff", "dry-run", "budget", "doctor",
+               "soak", "version"]
 USAGE_STATUS = 125          # README, "Command line": one status for a usage error
 
 
@@ -27,11 +27,11 @@ def test_help_on_stdout_exit_0(stockade, sub):
     cp = sh([stockade, sub, "--help"])
     assert cp.returncode == 0, cp
     assert cp.stdout.startswith(f"usage: stockade {sub}"), cp.stdout
-    if sub in ("run", "serve", "check", "dry-run", "budget"):
+    if sub in ("run", "serve", "mcp", "check", "dry-run", "budget"):
         # the defaults a reader needs: where the policy comes from when not given
         assert "STOCKADE_POLICY" in cp.stdout and "/etc/stockade/policy.lua" in cp.stdout, \
             cp.stdout
-    if sub in ("run", "serve"):
+    if sub in ("run", "serve", "mcp"):
         assert "STOCKADE_STATE_DIR" in cp.stdout and "default" in cp.stdout, cp.stdout
 
 
