@@ -276,7 +276,8 @@ deb:
 	@command -v dpkg-buildpackage >/dev/null && command -v dh >/dev/null || \
 	    { echo "stockade: make deb needs dpkg-dev and debhelper (run 'make deps' as root)" >&2; exit 1; }
 	rm -rf build/deb && mkdir -p build/deb/stockade-$(VERSION)
-	tar -c --exclude=./build --exclude=./.git --exclude=./stockade --exclude=__pycache__ . | \
+	tar -c --exclude=./build --exclude=./.git --exclude=./stockade --exclude=__pycache__ \
+	    --exclude=node_modules . | \
 	    tar -x -C build/deb/stockade-$(VERSION)
 	cd build/deb/stockade-$(VERSION) && dpkg-buildpackage -us -uc -b -j2 >../build.log 2>&1 || \
 	    { tail -40 ../build.log; exit 1; }
