@@ -24,8 +24,11 @@ static const char serve_usage[] =
     "  --policy FILE          default $STOCKADE_POLICY, else /etc/stockade/policy.lua\n"
     "  --state-dir DIR        default $STOCKADE_STATE_DIR, else /var/lib/stockade as root,\n"
     "                         else $XDG_RUNTIME_DIR/stockade\n"
-    "  --listen unix:PATH     listen there (mode 0600) instead of stdin/stdout\n"
+    "  --listen unix:PATH     listen there instead of stdin/stdout\n"
     "  --allow-uid UID        a peer uid allowed to connect (repeatable; default our own)\n"
+    "  --admin-uid UID        a peer uid allowed policy.reload (repeatable; default our own)\n"
+    "  --socket-mode MODE     the --listen socket's mode (default 0600)\n"
+    "  --socket-group GROUP   the --listen socket's group (default: ours)\n"
     "  --max-message SIZE     largest message accepted (default 16MiB)\n"
     "  --drain-timeout DUR    on SIGTERM/SIGINT, how long calls may finish (default 10s)\n"
     "  --uid-range A-B        per-session uids when run as root (default 210000-219999)\n"
@@ -35,8 +38,8 @@ static const char serve_usage[] =
     "  --metrics-interval DUR default 10s\n"
     "  --debug-hooks          debug.* methods for tests\n"
     "Signals: SIGHUP reloads the policy, SIGTERM/SIGINT drain and stop, SIGUSR1 reopens --log.\n"
-    "Logs: one record per call; audit records (startup, session_open/close/expire, reload,\n"
-    "shutdown) with \"event\"; alarms. Exit status: 0, or 125 usage or start-up error.\n";
+    "Logs: one record per call; audit records (startup, session, reload, shutdown) with\n"
+    "\"event\"; alarms. Exit status: 0, or 125 usage or start-up error.\n";
 
 /* Options `serve` shares with `mcp`: each dies with a usage line when malformed. */
 void cli_opt_log_file(const char *path)

@@ -4,7 +4,7 @@ _stockade()
     local cur prev words cword
     _init_completion || return
 
-    local commands="run serve test check diff dry-run budget doctor soak version help"
+    local commands="run serve mcp test check diff dry-run budget doctor soak version help"
     if [[ $cword -eq 1 ]]; then
         COMPREPLY=($(compgen -W "$commands --help --version" -- "$cur"))
         return
@@ -30,13 +30,17 @@ _stockade()
         --log-level)
             COMPREPLY=($(compgen -W "error warn info debug" -- "$cur"))
             return ;;
+        --socket-group)
+            COMPREPLY=($(compgen -g -- "$cur"))
+            return ;;
         --isolation)
             COMPREPLY=($(compgen -W "process strict" -- "$cur"))
             return ;;
         --progress)
             COMPREPLY=($(compgen -W "auto tty plain none" -- "$cur"))
             return ;;
-        --session|--timeout|--uid-range|--allow-uid|--max-message|--drain-timeout|\
+        --session|--timeout|--uid-range|--allow-uid|--admin-uid|--socket-mode|--max-message|\
+        --drain-timeout|--session-ttl|\
         --metrics-interval|--duration|--concurrency|--report|--warmup|--sample-interval|\
         --churn-every|--mix|--seed|--rpc-timeout|--stop-timeout|--serve-arg|--stockade)
             return ;;
@@ -46,9 +50,12 @@ _stockade()
     case $cmd in
         run) opts="--policy --session --state-dir --timeout --stdin --json --uid-range
                    --verbose --help --" ;;
-        serve) opts="--policy --state-dir --listen --allow-uid --max-message --drain-timeout
+        serve) opts="--policy --state-dir --listen --allow-uid --admin-uid --socket-mode
+                     --socket-group --max-message --drain-timeout
                      --uid-range --log --log-level --metrics --metrics-interval --verbose
                      --help" ;;
+        mcp) opts="--policy --state-dir --session-ttl --max-message --uid-range --log
+                   --log-level --help" ;;
         test) opts="--help" ;;
         check) opts="--json --help" ;;
         diff) opts="--json --fail-on-widen --help" ;;
