@@ -109,8 +109,55 @@ static const char doctor_usage[] =
     "Which isolation layers this host can give (uid, Landlock, seccomp, namespaces, ...),\n"
     "and for each one it cannot, why and the fix.\n"
     "  --json   one JSON document on stdout: {version, root, layers: [{name, available,\n"
-    "           reason}], landlock_abi, levels: {strict, process}}\n"
+    "           reason}], landlock_abi, levels: {strict, process}, guarantees: {process:\n"
+    "           {gives, lacks}, strict: {gives, lacks}, operator_adds}}\n"
     "Exit status: 0 both isolation levels available, 1 strict unavailable, 125 usage error.\n";
+
+/* items as JSON strings, a comma before each but the list's first (*first tracks it) */
+static void json_items(struct buf *b, bool *first, const char *const *items)
+{
+    for (const char *const *i = items; *i; i++) {
+        if (!*first)
+            buf_append_lit(b, ",");
+        *first = false;
+        json_cstr(b, *i);
+    }
+}
+
+/* print_guarantees as JSON: {process: {gives, lacks}, strict: {gives, lacks},
+ * operator_adds}. */
+static void json_guarantees(struct buf *b, bool root, bool mountns)
+{
+    const char *const proc_private_list[] = {proc_private, NULL};
+    const char *const proc_host_list[] = {proc_host, NULL};
+    bool first = true;
+    buf_append_lit(b, "\"guarantees\":{\"process\":{\"gives\":[");
+    json_items(b, &first, process_gives);
+    if (root)
+        json_items(b, &first, process_root_gives);
+    if (root && mountns)
+        json_items(b, &first, proc_private_list);
+    first = true;
+    buf_append_lit(b, "],\"lacks\":[");
+    if (!(root && mountns))
+        json_items(b, &first, proc_host_list);
+    json_items(b, &first, process_lacks);
+    if (!root)
+        json_items(b, &first, process_nonroot_lacks);
+    json_items(b, &first, all_lack);
+    first = true;
+    buf_append_lit(b, "]},\"strict\":{\"gives\":[");
+    json_items(b, &first, strict_gives);
+    first = true;
+    buf_append_lit(b, "],\"lacks\":[");
+    if (!root)
+        json_items(b, &first, process_nonroot_lacks);
+    json_items(b, &first, all_lack);
+    first = true;
+    buf_append_lit(b, "]},\"operator_adds\":[");
+    json_items(b, &first, operator_adds);
+    buf_append_lit(b, "]}");
+}
 
 static int doctor_json(void)
 {
@@ -147,7 +194,9 @@ static int doctor_json(void)
         if (!allowed && strcmp(levels[i], "strict") == 0)
             status = 1;
     }
-    buf_printf(&b, "}}\n");
+    buf_append_lit(&b, "},");
+    json_guarantees(&b, c->root, c->available[LAYER_MOUNTNS]);
+    buf_append_lit(&b, "}\n");
     fwrite(b.data, 1, b.len, stdout);
     buf_free(&b);
     return status;

@@ -80,6 +80,10 @@ def test_doctor_json(stockade):
     assert doc["levels"]["strict"]["available"] is (cp.returncode == 0)
     for lvl in doc["levels"].values():
         assert lvl["available"] or lvl["reason"]
+    g = doc["guarantees"]           # what the text output says each level does and does not
+    for lvl in ("process", "strict"):
+        assert g[lvl]["gives"] and g[lvl]["lacks"], g
+    assert g["operator_adds"]
 
 
 def test_sigint_to_run_exits_130(stockade, state_dir):

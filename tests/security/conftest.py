@@ -20,6 +20,7 @@ This file copies what it needs from tests/integration/conftest.py rather than im
 it: both are named `conftest` and pytest must not confuse them.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -469,20 +470,30 @@ def sbx(stockade, state_dir, level):
 def served(stockade, state_dir, level):
     """`stockade serve` at the test's level through the Python client: calls of one
     session share its root, and start from spare shims."""
+    with serve_client(stockade, state_dir, POLICIES[level]) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def serve_client(stockade, state_dir, policy, extra=(), serve_state=None):
+    """`stockade serve --policy POLICY --state-dir (serve_state or state_dir) EXTRA...` on
+    pipes, its log in state_dir/serve.log; closed and waited for on the way out."""
     from stockade_client import Client
     env = {k: v for k, v in os.environ.items() if not k.startswith("STOCKADE_")}
     log = open(os.path.join(state_dir, "serve.log"), "wb")
-    client = Client.spawn([stockade, "serve", "--policy", POLICIES[level],
-                           "--state-dir", state_dir], rpc_timeout=60, stderr=log, env=env,
-                          start_new_session=True)
-    yield client
-    client.close(timeout=20)
+    client = Client.spawn([stockade, "serve", "--policy", policy,
+                           "--state-dir", serve_state or state_dir, *extra], rpc_timeout=60,
+                          stderr=log, env=env, start_new_session=True)
     try:
-        client.proc.wait(20)
-    except subprocess.TimeoutExpired:
-        client.proc.kill()
-        client.proc.wait(5)
-    log.close()
+        yield client
+    finally:
+        client.close(timeout=20)
+        try:
+            client.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            client.proc.kill()
+            client.proc.wait(5)
+        log.close()
 
 
 # ---------------------------------------------------------------- a helper binary

@@ -2,12 +2,10 @@
 may own (a node_exporter textfile directory is typically the exporter's). The supervisor
 must never follow a name that user planted there."""
 import os
-import subprocess
 
 import pytest
 
-from conftest import NOBODY, POLICIES, as_nobody, read_bytes, wait_until, write_file
-from stockade_client import Client
+from conftest import NOBODY, POLICIES, as_nobody, read_bytes, serve_client, wait_until, write_file
 
 
 @pytest.fixture
@@ -18,20 +16,10 @@ def served_with_metrics(stockade, state_dir):
     os.mkdir(metrics_dir, 0o755)
     os.chown(metrics_dir, NOBODY, NOBODY)
     prom = os.path.join(metrics_dir, "stockade.prom")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STOCKADE_")}
-    log = open(os.path.join(state_dir, "serve.log"), "wb")
-    client = Client.spawn([stockade, "serve", "--policy", POLICIES["process"],
-                           "--state-dir", os.path.join(state_dir, "state"),
-                           "--metrics", prom, "--metrics-interval", "200ms"],
-                          rpc_timeout=60, stderr=log, env=env, start_new_session=True)
-    yield client, prom
-    client.close(timeout=20)
-    try:
-        client.proc.wait(20)
-    except subprocess.TimeoutExpired:
-        client.proc.kill()
-        client.proc.wait(5)
-    log.close()
+    with serve_client(stockade, state_dir, POLICIES["process"],
+                      extra=["--metrics", prom, "--metrics-interval", "200ms"],
+                      serve_state=os.path.join(state_dir, "state")) as client:
+        yield client, prom
 
 
 def test_metrics_temp_file_symlink(served_with_metrics, state_dir):
