@@ -4,7 +4,7 @@ _stockade()
     local cur prev words cword
     _init_completion || return
 
-    local commands="run serve mcp test check diff dry-run budget doctor soak version help"
+    local commands="run serve mcp sessions test check diff dry-run budget doctor soak version help"
     if [[ $cword -eq 1 ]]; then
         COMPREPLY=($(compgen -W "$commands --help --version" -- "$cur"))
         return
@@ -56,6 +56,7 @@ _stockade()
                      --help" ;;
         mcp) opts="--policy --state-dir --session-ttl --max-message --uid-range --log
                    --log-level --help" ;;
+        sessions) opts="--state-dir --json --help list show rm gc" ;;
         test) opts="--help" ;;
         check) opts="--json --help" ;;
         diff) opts="--json --fail-on-widen --help" ;;

@@ -13,8 +13,8 @@ import pytest
 
 from conftest import FIXTURES, POLICY, REPO_ROOT, RUN_TIMEOUT
 
-SUBCOMMANDS = ["run", "serve", "mcp", "test", "check", "diff", "dry-run", "budget", "doctor",
-               "soak", "version"]
+SUBCOMMANDS = ["run", "serve", "mcp", "sessions", "test", "check", "diff", "dry-run", "budget",
+               "doctor", "soak", "version"]
 USAGE_STATUS = 125          # README, "Command line": one status for a usage error
 
 
