@@ -51,7 +51,7 @@ LDFLAGS += -pie -Wl,-z,noexecstack -Wl,-z,relro -Wl,-z,now $(if $(SAN),$(SANFLAG
 DYNAMIC_LIBS := -lhs -ljansson -lsystemd
 STATIC_LIBS := $(filter-out $(DYNAMIC_LIBS),$(shell pkg-config --libs $(PKGS) 2>/dev/null)) -lev
 LDLIBS  += $(if $(SAN),$(STATIC_LIBS),-Wl,-Bstatic $(STATIC_LIBS) -Wl,-Bdynamic) \
-           $(DYNAMIC_LIBS) -ldl -lm
+           $(DYNAMIC_LIBS) -ldl -lm -pthread
 # ... with Lua's API exported, for the C modules `stockade test` may load (lua-cjson)
 LDFLAGS += $(if $(SAN),,-Wl,--export-dynamic-symbol=lua_*,--export-dynamic-symbol=luaL_*)
 
@@ -176,12 +176,12 @@ $(FZ)/lua_embed.c: $(LUA_SRC) $(PLUGIN_SRC) contrib/embed-lua.sh | $(FZ)/.dir
 $(FZ)/lua_embed.o: $(FZ)/lua_embed.c
 	clang $(FZ_FLAGS) -c -o $@ $<
 $(FZ)/fuzz_rpc: tests/fuzz/fuzz_rpc.c tests/fuzz/spawn_stub.c $(FZ_OBJ)
-	clang $(FZ_FLAGS) -fsanitize=fuzzer -Wl,--wrap=spawn_start,--wrap=zygote_start -o $@ $^ \
-	    $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm
+	clang $(FZ_FLAGS) -fsanitize=fuzzer -Wl,--wrap=spawn_start,--wrap=zygote_start,--wrap=zygote_start_begin -o $@ $^ \
+	    $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm -pthread
 # ... and over `stockade mcp`'s JSON-RPC decoder and dispatcher, the same way.
 $(FZ)/fuzz_mcp: tests/fuzz/fuzz_mcp.c tests/fuzz/spawn_stub.c $(FZ_OBJ)
-	clang $(FZ_FLAGS) -fsanitize=fuzzer -Wl,--wrap=spawn_start,--wrap=zygote_start -o $@ $^ \
-	    $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm
+	clang $(FZ_FLAGS) -fsanitize=fuzzer -Wl,--wrap=spawn_start,--wrap=zygote_start,--wrap=zygote_start_begin -o $@ $^ \
+	    $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm -pthread
 $(FZ)/.dir:
 	@mkdir -p $(FZ) && touch $@
 fuzz: deps

@@ -54,7 +54,8 @@ void acct_sample_take(struct acct_sample *s)
         if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
             s->fds = s->fd_other = (int)(rl.rlim_cur < 1 << 20 ? rl.rlim_cur : 1 << 20);
     }
-    proc_count_tree(&s->processes, &s->zombies, &s->owned_zombies);
+    proc_count_tree_pids(&s->processes, &s->zombies, &s->owned_zombies, s->owned_zombie_pids,
+                         ACCT_ZOMBIE_PIDS);
     long pages = 0, resident = 0;
     FILE *f = fopen("/proc/self/statm", "re");
     if (f) {
@@ -63,6 +64,29 @@ void acct_sample_take(struct acct_sample *s)
         fclose(f);
     }
     s->rss_kb = resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+unsigned zombie_watch_update(struct zombie_watch *w, const struct acct_sample *s,
+                             unsigned samples)
+{
+    struct zombie_watch next = {.n = 0};
+    unsigned kept = s->owned_zombies < ACCT_ZOMBIE_PIDS ? s->owned_zombies : ACCT_ZOMBIE_PIDS;
+    unsigned old = 0;
+    for (unsigned i = 0; i < kept; i++) {
+        pid_t pid = s->owned_zombie_pids[i];
+        unsigned seen = 1;
+        for (unsigned j = 0; j < w->n; j++) {
+            if (w->pid[j] == pid) {
+                seen = w->seen[j] + 1;
+                break;
+            }
+        }
+        next.pid[next.n] = pid;
+        next.seen[next.n++] = seen;
+        old += seen >= samples;
+    }
+    *w = next;
+    return old + (s->owned_zombies - kept);
 }
 
 int alarm_update(struct alarm *a, int64_t value, unsigned needed)

@@ -6,6 +6,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
+
+#define ACCT_ZOMBIE_PIDS 256
 
 #include "call.h"
 #include "util.h"
@@ -15,6 +18,7 @@ struct acct_sample {
     int fd_pipe, fd_pidfd, fd_socket, fd_other;
     unsigned processes, zombies;
     unsigned owned_zombies;     /* ours or a shim's to reap: the leak the alarm watches */
+    pid_t owned_zombie_pids[ACCT_ZOMBIE_PIDS];  /* the first of them */
     int64_t rss_kb;
 };
 
@@ -78,5 +82,19 @@ void metrics_render(struct buf *out, const struct metrics *m, const struct metri
  * a name planted in the directory is never followed. 0, or -1 with errno. */
 int metrics_file_replace(const char *path, const char *text, size_t len);
 void metrics_free(struct metrics *m);
+/* Zombies are normal for an instant (between a child's exit and its reaping), and a busy
+ * server has a few at every sample, each a different one: counting them raised and
+ * cleared the alarm again and again. What is a leak is the same zombie, sample after
+ * sample. This remembers each owned zombie's pid and for how many consecutive samples
+ * it has been seen. */
+struct zombie_watch {
+    pid_t pid[ACCT_ZOMBIE_PIDS];
+    unsigned seen[ACCT_ZOMBIE_PIDS];    /* consecutive samples, this one included */
+    unsigned n;
+};
+/* Feed one sample; returns how many owned zombies have now been seen in at least
+ * `samples` consecutive samples (those beyond the pids kept count as old ones). */
+unsigned zombie_watch_update(struct zombie_watch *w, const struct acct_sample *s,
+                             unsigned samples);
 
 #endif

@@ -4,6 +4,7 @@
 #include "zygote.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #define READ_CHUNK 65536
 #define READS_PER_EVENT 4       /* a flooding tool must not starve the other calls */
 #define DRAIN_AFTER_EXIT_MS 2000
+#define PAUSED_DRAIN_MS 60000   /* the same after exit, while the client is behind */
 #define LAST_RESORT_MS 10000    /* after SIGUSR1, how long the shim gets before SIGKILL
                                  * (a loaded host can take seconds to end a fork bomb) */
 
@@ -165,9 +167,9 @@ static void on_answer_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop, (void)revents;
     struct call *c = w->data;
-    if (c->state == CALL_REAPED)
+    if (c->state == CALL_REAPED && c->kill_class == CLASS_OK)
         LOG_W("call %s: output still open %d ms after the tree ended; closing it",
-              c->req.tool, DRAIN_AFTER_EXIT_MS);
+              c->req.tool, c->paused ? PAUSED_DRAIN_MS : DRAIN_AFTER_EXIT_MS);
     answer(c);
 }
 
@@ -179,6 +181,17 @@ static struct call *refuse(struct call *c, enum call_class class, char *message,
     ev_timer_set(&c->answer_timer, 0, 0);
     ev_timer_start(c->loop, &c->answer_timer);
     return c;
+}
+
+/* After the tree ended, the output still open gets a bounded time to drain: longer while
+ * the client is behind (we are not reading it), but never unbounded. Repeating, so that
+ * ev_timer_again restarts the window when output moves. */
+static void arm_drain_guard(struct call *c)
+{
+    double s = (c->paused ? PAUSED_DRAIN_MS : DRAIN_AFTER_EXIT_MS) / 1000.0;
+    ev_timer_stop(c->loop, &c->answer_timer);
+    ev_timer_set(&c->answer_timer, s, s);
+    ev_timer_start(c->loop, &c->answer_timer);
 }
 
 static void maybe_answer(struct call *c)
@@ -339,8 +352,23 @@ static void on_grace(struct ev_loop *loop, ev_timer *w, int revents)
 void call_stop(struct call *c, enum call_class class, const char *layer, const char *why,
                bool hard)
 {
-    if (c->state != CALL_RUNNING && c->state != CALL_TERMINATING)
+    if (c->state == CALL_ANSWERED || c->state == CALL_ACCEPTED)
         return;
+    if (c->paused) {
+        /* Nobody will read a stream of what is left: the pipes are drained into the
+         * (capped) result only, so the tree's end is seen. */
+        c->req.stream = false;
+        call_pause_output(c, false);
+    }
+    if (c->state == CALL_REAPED) {
+        /* The tree has ended on its own; only its output was still awaited. Answered
+         * from the loop: the caller may be walking the list this call is on. */
+        c->kill_class = c->kill_class == CLASS_OK ? class : c->kill_class;
+        ev_timer_stop(c->loop, &c->answer_timer);
+        ev_timer_set(&c->answer_timer, 0, 0);
+        ev_timer_start(c->loop, &c->answer_timer);
+        return;
+    }
     if (c->kill_class == CLASS_OK) {
         c->kill_class = class;
         c->kill_layer = layer;
@@ -361,15 +389,21 @@ void call_stop(struct call *c, enum call_class class, const char *layer, const c
     on_grace(c->loop, &c->grace_timer, 0);
 }
 
+static bool tree_ended(struct call *c);
+
 static void on_timeout(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop, (void)revents;
+    if (tree_ended(w->data))
+        return;
     call_stop(w->data, CLASS_TOOL_TIMEOUT, "timeout", NULL, false);
 }
 
 static void on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop, (void)revents;
+    if (tree_ended(w->data))
+        return;
     /* Hard: the caller's budget is spent, there is no time for a grace period. */
     call_stop(w->data, CLASS_DEADLINE_EXCEEDED, "deadline", NULL, true);
 }
@@ -533,10 +567,7 @@ static void shim_done(struct call *c, const struct shim_report *rep, int wstatus
         answer(c);
         return;
     }
-    /* repeat, so call_pause_output can restart it with ev_timer_again */
-    ev_timer_set(&c->answer_timer, DRAIN_AFTER_EXIT_MS / 1000.0, DRAIN_AFTER_EXIT_MS / 1000.0);
-    if (!c->paused)
-        ev_timer_start(c->loop, &c->answer_timer);
+    arm_drain_guard(c);
 }
 
 static bool read_report(struct call *c, struct shim_report *rep)
@@ -554,8 +585,30 @@ static void on_shim_exit(struct proc *p, int wstatus, void *ud)
 {
     (void)p;
     struct call *c = ud;
-    struct shim_report rep;
-    shim_done(c, read_report(c, &rep) ? &rep : NULL, wstatus);
+    if (!c->have_report)
+        c->have_report = read_report(c, &c->report);
+    shim_done(c, c->have_report ? &c->report : NULL, wstatus);
+}
+
+/* A timer fired: had the tree already ended? After the loop was held up (a stopped
+ * supervisor, a long callback) a timer and the tree's end are processed in the same
+ * turn, timers first; a tool that finished in time must not be reported as timed out.
+ * The shim writes its report once the whole tree is reaped, so a report waiting is the
+ * proof. A zygote's call ends on it now; a direct child's on its exit, just behind. */
+static bool tree_ended(struct call *c)
+{
+    if (!c->have_report && c->child.status_fd >= 0) {
+        struct pollfd pf = {c->child.status_fd, POLLIN, 0};
+        if (poll(&pf, 1, 0) == 1 && (pf.revents & POLLIN))
+            c->have_report = read_report(c, &c->report);
+    }
+    if (!c->have_report)
+        return false;
+    if (c->zygote) {
+        proc_forget(&c->proc);
+        shim_done(c, &c->report, 0);
+    }
+    return true;
 }
 
 /* A zygote's shim writes its report after the last process of its tree is reaped, and
@@ -804,6 +857,9 @@ static int call_spawn(struct call *c, int64_t depth)
 static void call_arm(struct call *c)
 {
     struct ev_loop *loop = c->loop;
+    /* The hooks and the spawn (and whatever the loop did before this call in the same
+     * turn) took time: the timers below are measured from now, not from the turn's start. */
+    ev_now_update(loop);
     c->state = CALL_RUNNING;
     proc_watch(&c->proc, c->child.pid, c->child.pidfd, on_shim_exit, c);
     c->child.pidfd = -1;                 /* owned by c->proc now */
@@ -873,12 +929,8 @@ void call_pause_output(struct call *c, bool pause)
             ev_io_start(c->loop, &streams[i]->watcher);
     }
     /* The drain guard after exit must not cut output we are merely not reading yet. */
-    if (c->state == CALL_REAPED) {
-        if (pause)
-            ev_timer_stop(c->loop, &c->answer_timer);
-        else
-            ev_timer_again(c->loop, &c->answer_timer);
-    }
+    if (c->state == CALL_REAPED)
+        arm_drain_guard(c);
 }
 
 void call_free(struct call *c)

@@ -101,6 +101,8 @@ struct call {
     struct zyg_runner runner;           /* the session's runner it runs on (pid -1: none) */
     ev_io report_watcher;               /* a zygote's shim: its report ends the call */
     bool ran;                           /* the tool ran and ended on its own */
+    struct shim_report report;          /* read early: the tree ended before a timer */
+    bool have_report;
     struct call_stream_state out, err;
     bool paused;                        /* output not read: the client is behind */
     ev_io stdin_watcher;

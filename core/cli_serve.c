@@ -37,6 +37,8 @@ static const char serve_usage[] =
     "  --metrics FILE         Prometheus text file, rewritten every interval, removed at exit\n"
     "  --metrics-interval DUR default 10s\n"
     "  --debug-hooks          debug.* methods for tests\n"
+    "  --slow-reader DUR      drop a client that takes none of its output that long\n"
+    "                         (default 60s; 0: never)\n"
     "Signals: SIGHUP reloads the policy, SIGTERM/SIGINT drain and stop, SIGUSR1 reopens --log.\n"
     "Logs: one record per call; audit records (startup, session, reload, shutdown) with\n"
     "\"event\"; alarms. Exit status: 0, or 125 usage or start-up error.\n";
@@ -98,12 +100,14 @@ int cli_serve(int argc, char **argv)
         {"metrics", required_argument, 0, 'M'}, {"metrics-interval", required_argument, 0, 'I'},
         {"debug-hooks", no_argument, 0, 'D'}, {"admin-uid", required_argument, 0, 'A'},
         {"socket-mode", required_argument, 0, 'S'}, {"socket-group", required_argument, 0, 'G'},
+        {"slow-reader", required_argument, 0, 'W'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     struct server_opts o = {
         .policy_path = getenv("STOCKADE_POLICY"),
         .max_message = RPC_MAX_MESSAGE_DEFAULT,
         .drain_ms = 10000,
+        .slow_reader_ms = RPC_SLOW_READER_MS_DEFAULT,
         .uids = UID_RANGE_DEFAULT,
         .socket_mode = 0600,
         .socket_gid = (gid_t)-1,
@@ -156,6 +160,11 @@ int cli_serve(int argc, char **argv)
             if (parse_duration_ms(optarg, &v) < 0)
                 die("--drain-timeout: bad duration '%s' (expected e.g. 10s)", optarg);
             o.drain_ms = v;
+            break;
+        case 'W':
+            if (parse_duration_ms(optarg, &v) < 0)
+                die("--slow-reader: bad duration '%s' (expected e.g. 60s, 0 for never)", optarg);
+            o.slow_reader_ms = v;
             break;
         case 'u': cli_opt_uid_range(optarg, &o.uids); break;
         case 'v': log_threshold = LOG_DEBUG; break;

@@ -362,6 +362,12 @@ size_t proc_descendants(pid_t root, pid_t *out, size_t max)
 
 void proc_count_tree(unsigned *live, unsigned *zombies, unsigned *owned)
 {
+    proc_count_tree_pids(live, zombies, owned, NULL, 0);
+}
+
+void proc_count_tree_pids(unsigned *live, unsigned *zombies, unsigned *owned, pid_t *owned_pids,
+                          size_t cap)
+{
     struct pidset tree = {0};
     pid_t self = getpid();
     pidset_add(&tree, self);
@@ -380,8 +386,11 @@ void proc_count_tree(unsigned *live, unsigned *zombies, unsigned *owned)
             continue;
         }
         (*zombies)++;
-        if (owned && (ppid == self || find(ppid)))
+        if (owned && (ppid == self || find(ppid))) {
+            if (owned_pids && *owned < cap)
+                owned_pids[*owned] = tree.v[i];
             (*owned)++;
+        }
     }
     free(tree.v);
 }

@@ -68,5 +68,8 @@ size_t proc_descendants(pid_t root, pid_t *out, size_t max);
  * `owned` counts the zombies that are ours or a shim's to reap — a leak if they stay;
  * a zombie whose parent is a tool process is that tool's business until its tree ends. */
 void proc_count_tree(unsigned *live, unsigned *zombies, unsigned *owned);
+/* The same, also giving the pids of the owned zombies (at most cap of them). */
+void proc_count_tree_pids(unsigned *live, unsigned *zombies, unsigned *owned, pid_t *owned_pids,
+                          size_t cap);
 
 #endif

@@ -117,6 +117,10 @@ bool rpc_peek_msgid(const unsigned char *d, size_t len, uint32_t *msgid)
 
 /* ---- the connection ---------------------------------------------------------------- */
 
+static size_t input_held;       /* sum of every connection's input buffer capacity */
+
+size_t rpc_input_held(void) { return input_held; }
+
 static int pack_into_out(void *data, const char *buf, size_t len)
 {
     struct rpc_conn *c = data;
@@ -126,17 +130,53 @@ static int pack_into_out(void *data, const char *buf, size_t len)
 
 size_t rpc_conn_queued(const struct rpc_conn *c) { return c->out.len - c->out_off; }
 
+static void input_release(struct rpc_conn *c)
+{
+    input_held -= c->in.cap;
+    buf_free(&c->in);
+}
+
 static void conn_free(struct rpc_conn *c)
 {
     ev_io_stop(c->loop, &c->rw);
     ev_io_stop(c->loop, &c->ww);
     ev_timer_stop(c->loop, &c->linger);
+    ev_timer_stop(c->loop, &c->backlog);
+    ev_timer_stop(c->loop, &c->stall);
     if (c->wfd != c->rfd)
         close_quietly(&c->wfd);
     close_quietly(&c->rfd);
-    buf_free(&c->in);
+    input_release(c);
     buf_free(&c->out);
+    c->closed = true;
+    if (c->busy) {
+        c->free_pending = true;     /* dispatch is still on the stack: it frees */
+        return;
+    }
     free(c);
+}
+
+/* dispatch() runs handlers that may close the connection: `c` outlives them. */
+static void conn_hold(struct rpc_conn *c) { c->busy++; }
+
+static bool conn_release(struct rpc_conn *c)
+{
+    if (--c->busy == 0 && c->free_pending) {
+        free(c);
+        return false;
+    }
+    return true;
+}
+
+/* Read from the peer only when what it sent so far has been served and it takes what
+ * it is sent: a client that does not read gets no new requests served either. */
+static void update_reading(struct rpc_conn *c)
+{
+    bool want = !c->closed && !c->under_pressure && !ev_is_active(&c->backlog);
+    if (want && !ev_is_active(&c->rw))
+        ev_io_start(c->loop, &c->rw);
+    else if (!want && ev_is_active(&c->rw))
+        ev_io_stop(c->loop, &c->rw);
 }
 
 static void set_pressure(struct rpc_conn *c)
@@ -146,12 +186,13 @@ static void set_pressure(struct rpc_conn *c)
     if (high == c->under_pressure)
         return;
     c->under_pressure = high;
-    /* A client that does not read gets no new requests served either. */
     if (!c->closed) {
-        if (high)
-            ev_io_stop(c->loop, &c->rw);
-        else if (!c->reading_paused)
-            ev_io_start(c->loop, &c->rw);
+        update_reading(c);
+        /* requests read before the pressure are served once it is off */
+        if (!high && c->in.len > 0 && !ev_is_active(&c->backlog)) {
+            ev_timer_set(&c->backlog, 0, 0);
+            ev_timer_start(c->loop, &c->backlog);
+        }
     }
     if (c->h->on_pressure)
         c->h->on_pressure(c, high);
@@ -161,6 +202,7 @@ static void on_writable(struct ev_loop *loop, ev_io *w, int revents)
 {
     (void)loop, (void)revents;
     struct rpc_conn *c = w->data;
+    bool progress = false;
     while (c->out_off < c->out.len) {
         ssize_t n = write(c->wfd, c->out.data + c->out_off, c->out.len - c->out_off);
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
@@ -177,26 +219,37 @@ static void on_writable(struct ev_loop *loop, ev_io *w, int revents)
             return;
         }
         c->out_off += (size_t)n;
+        progress = true;
     }
     if (c->out_off == c->out.len) {
         c->out.len = c->out_off = 0;
         ev_io_stop(c->loop, &c->ww);
+        ev_timer_stop(c->loop, &c->stall);
         if (c->closed) {
             conn_free(c);
             return;
         }
-    } else if (c->out_off > (1u << 20)) {
-        memmove(c->out.data, c->out.data + c->out_off, c->out.len - c->out_off);
-        c->out.len -= c->out_off;
-        c->out_off = 0;
+    } else {
+        if (progress && ev_is_active(&c->stall))
+            ev_timer_again(c->loop, &c->stall);
+        if (c->out_off > (1u << 20)) {
+            memmove(c->out.data, c->out.data + c->out_off, c->out.len - c->out_off);
+            c->out.len -= c->out_off;
+            c->out_off = 0;
+        }
     }
     set_pressure(c);
 }
 
 void rpc_conn_flush(struct rpc_conn *c)
 {
-    if (rpc_conn_queued(c) > 0 && !ev_is_active(&c->ww))
+    if (rpc_conn_queued(c) > 0 && !ev_is_active(&c->ww)) {
         ev_io_start(c->loop, &c->ww);
+        if (c->slow_reader_ms > 0 && !c->closed) {
+            ev_timer_set(&c->stall, 0, (double)c->slow_reader_ms / 1000.0);
+            ev_timer_again(c->loop, &c->stall);
+        }
+    }
     set_pressure(c);
 }
 
@@ -206,11 +259,37 @@ static void conn_fail(struct rpc_conn *c, const char *why)
     rpc_conn_close(c, why, 1000);   /* the error answer, if any, still goes out */
 }
 
-/* Dispatch every complete message in the input buffer. */
+/* A client whose output has not moved for slow_reader_ms: it holds what we queued for
+ * it (and, through back-pressure, its calls' output) for nothing. */
+static void on_stall(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct rpc_conn *c = w->data;
+    ev_timer_stop(c->loop, w);
+    char why[128];
+    snprintf(why, sizeof why, "the client read nothing of %zu queued bytes for %lld ms",
+             rpc_conn_queued(c), (long long)c->slow_reader_ms);
+    LOG_W("connection closed: %s", why);
+    rpc_conn_close(c, why, 0);
+}
+
+/* Dispatch the complete messages in the input buffer: at most RPC_DISPATCH_MAX of them,
+ * or RPC_DISPATCH_SLICE_MS of work, per turn; the rest waits for the next turn (the
+ * backlog timer), so that a pipelined flood on one connection is served a slice at a
+ * time between everyone else's events. */
 static void dispatch(struct rpc_conn *c)
 {
     size_t start = 0;
-    while (!c->closed && !c->reading_paused && start < c->in.len) {
+    unsigned served = 0;
+    ev_tstamp until = ev_time() + RPC_DISPATCH_SLICE_MS / 1000.0;
+    bool more = false;
+    while (!c->closed && start < c->in.len) {
+        if (c->under_pressure)
+            break;              /* set_pressure resumes us */
+        if (served >= RPC_DISPATCH_MAX || (served > 0 && ev_time() >= until)) {
+            more = true;
+            break;
+        }
         const unsigned char *d = (const unsigned char *)c->in.data + start;
         size_t avail = c->in.len - start;
         enum rpc_scan s = rpc_scan(d, avail, c->max_message, &c->scan_pos, &c->scan_pending);
@@ -240,7 +319,11 @@ static void dispatch(struct rpc_conn *c)
         c->scan_pos = 0;
         c->scan_pending = 1;
         start += len;
+        served++;
         if (r == MSGPACK_UNPACK_SUCCESS || r == MSGPACK_UNPACK_EXTRA_BYTES) {
+            /* what came before (other messages, other events) took time: whatever the
+             * handler arms is measured from now */
+            ev_now_update(c->loop);
             c->h->on_message(c, &u.data);
         } else {
             /* well-framed but refused by msgpack-c (e.g. nested too deep): answer it */
@@ -252,10 +335,29 @@ static void dispatch(struct rpc_conn *c)
         }
         msgpack_unpacked_destroy(&u);
     }
-    if (start > 0 && !c->closed) {
+    if (c->closed)
+        return;
+    if (start > 0) {
         memmove(c->in.data, c->in.data + start, c->in.len - start);
         c->in.len -= start;
     }
+    /* A big message's room is given back once it is served. */
+    if (c->in.len == 0 && c->in.cap > 4 * READ_CHUNK)
+        input_release(c);
+    if (more && !ev_is_active(&c->backlog)) {
+        ev_timer_set(&c->backlog, 0, 0);
+        ev_timer_start(c->loop, &c->backlog);
+    }
+    update_reading(c);
+}
+
+static void on_backlog(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct rpc_conn *c = w->data;
+    conn_hold(c);
+    dispatch(c);
+    conn_release(c);
 }
 
 static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
@@ -263,10 +365,30 @@ static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
     (void)loop, (void)revents;
     struct rpc_conn *c = w->data;
     /* Never buffer more than one message's worth plus one read. */
-    if (c->in.len >= c->max_message + READ_CHUNK)
+    if (c->in.len >= c->max_message + READ_CHUNK) {
+        conn_fail(c, "a message larger than max_message");
         return;
-    if (c->in.cap < c->in.len + READ_CHUNK + 1) {
-        c->in.cap = c->in.len + READ_CHUNK + 1;
+    }
+    size_t need = c->in.len + READ_CHUNK + 1;
+    if (c->in.cap < need) {
+        /* Memory for unfinished messages is bounded across all connections. */
+        size_t budget = RPC_INPUT_BUDGET_MESSAGES * (c->max_message + READ_CHUNK);
+        if (input_held - c->in.cap + need > budget && c->in.len > 0) {
+            char why[160];
+            snprintf(why, sizeof why, "input memory budget spent (%zu bytes held for "
+                     "unfinished messages); a message of %zu bytes so far dropped",
+                     input_held, c->in.len);
+            conn_fail(c, why);
+            return;
+        }
+        /* grow geometrically (a big message costs few reallocations) within the budget */
+        size_t cap = c->in.cap * 2;
+        if (cap > c->max_message + READ_CHUNK + 1)
+            cap = c->max_message + READ_CHUNK + 1;
+        if (cap < need || input_held - c->in.cap + cap > budget)
+            cap = need;
+        input_held += cap - c->in.cap;
+        c->in.cap = cap;
         c->in.data = xrealloc(c->in.data, c->in.cap);
     }
     ssize_t n = read(c->rfd, c->in.data + c->in.len, READ_CHUNK);
@@ -279,19 +401,30 @@ static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
         return;
     }
     c->in.len += (size_t)n;
+    conn_hold(c);
     dispatch(c);
+    conn_release(c);
 }
 
 void rpc_conn_feed(struct rpc_conn *c, const void *data, size_t n)
 {
     const char *p = data;
+    conn_hold(c);
     while (n > 0 && !c->closed) {
         size_t chunk = n < READ_CHUNK ? n : READ_CHUNK;
+        size_t cap0 = c->in.cap;
         buf_append(&c->in, p, chunk);
+        input_held += c->in.cap - cap0;
         p += chunk;
         n -= chunk;
         dispatch(c);
+        /* the harness has no loop turns: serve the backlog now */
+        while (!c->closed && ev_is_active(&c->backlog)) {
+            ev_timer_stop(c->loop, &c->backlog);
+            dispatch(c);
+        }
     }
+    conn_release(c);
 }
 
 static void on_linger(struct ev_loop *loop, ev_timer *w, int revents)
@@ -315,13 +448,16 @@ struct rpc_conn *rpc_conn_new(struct ev_loop *loop, int rfd, int wfd, size_t max
     c->h = h;
     c->ud = ud;
     c->peer_uid = (uid_t)-1;
+    c->slow_reader_ms = RPC_SLOW_READER_MS_DEFAULT;
     fd_set_nonblock(rfd);
     fd_set_nonblock(wfd);
     msgpack_packer_init(&c->pk, c, pack_into_out);
     ev_io_init(&c->rw, on_readable, rfd, EV_READ);
     ev_io_init(&c->ww, on_writable, wfd, EV_WRITE);
     ev_timer_init(&c->linger, on_linger, 0, 0);
-    c->rw.data = c->ww.data = c->linger.data = c;
+    ev_timer_init(&c->backlog, on_backlog, 0, 0);
+    ev_timer_init(&c->stall, on_stall, 0, 0);
+    c->rw.data = c->ww.data = c->linger.data = c->backlog.data = c->stall.data = c;
     ev_io_start(loop, &c->rw);
     return c;
 }
@@ -332,6 +468,8 @@ void rpc_conn_close(struct rpc_conn *c, const char *why, int flush_ms)
         return;
     c->closed = true;
     ev_io_stop(c->loop, &c->rw);
+    ev_timer_stop(c->loop, &c->backlog);
+    ev_timer_stop(c->loop, &c->stall);
     c->h->on_close(c, why);
     if (rpc_conn_queued(c) == 0 || flush_ms <= 0) {
         conn_free(c);

@@ -18,6 +18,12 @@
 #include "util.h"
 
 #define RPC_MAX_MESSAGE_DEFAULT (16u << 20)
+#define RPC_SLOW_READER_MS_DEFAULT 60000
+
+/* Work one connection may make the loop do per turn before the others get theirs: a
+ * pipelined flood is served a slice at a time. */
+#define RPC_DISPATCH_MAX 64
+#define RPC_DISPATCH_SLICE_MS 5
 
 enum rpc_scan {
     RPC_SCAN_NEED_MORE,
@@ -48,6 +54,9 @@ struct rpc_conn {
     int rfd, wfd;
     ev_io rw, ww;
     ev_timer linger;            /* bounds the flush after close */
+    ev_timer backlog;           /* complete messages left for the next turn */
+    ev_timer stall;             /* output queued and none taken for slow_reader_ms */
+    int64_t slow_reader_ms;     /* 0: no limit */
     struct buf in;              /* bytes read, not yet dispatched */
     size_t scan_pos;
     uint64_t scan_pending;
@@ -56,7 +65,8 @@ struct rpc_conn {
     size_t max_message;
     bool under_pressure;
     bool closed;                /* no more reading; flushed then freed */
-    bool reading_paused;
+    unsigned busy;              /* inside dispatch: a close frees `c` only on the way out */
+    bool free_pending;
     uid_t peer_uid;
     /* told of each error response queued (the server counts them); NULL: nobody */
     void (*on_error_sent)(struct rpc_conn *c, const char *class);
@@ -78,6 +88,13 @@ size_t rpc_conn_queued(const struct rpc_conn *c);
 /* Write what is queued now, blocking, until it is out or until_ms (now_ms()) passes: for
  * a server about to exec, whose loop will not turn again. */
 void rpc_conn_flush_until(struct rpc_conn *c, int64_t until_ms);
+/* Bytes all connections hold for messages not yet complete (or not yet dispatched),
+ * and the bound on it: a connection whose unfinished message would go past the bound
+ * is dropped (its peer can retry), so that clients stalling mid-message cannot take
+ * the server's memory between them. The bound is RPC_INPUT_BUDGET_MESSAGES times the
+ * largest message allowed. */
+#define RPC_INPUT_BUDGET_MESSAGES 4
+size_t rpc_input_held(void);
 
 /* Packing helpers over c->pk. */
 void rpc_pack_str(msgpack_packer *pk, const char *s);

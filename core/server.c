@@ -5,6 +5,7 @@
 #include "policy.h"
 #include "proc.h"
 #include "record.h"
+#include "remover.h"
 #include "root.h"
 #include "rpc.h"
 #include "sandbox.h"
@@ -76,6 +77,11 @@ struct srv_session {
     const char *end_layer;          /* "fuse" / "ttl" when it expired, NULL when closed */
     unsigned calls_killed;
     struct close_waiter *waiters;
+    /* strict: the zygote on its way; session.open is answered when it is ready */
+    struct zygote *starting;
+    ev_io zygote_ready;
+    struct srv_conn *open_conn;     /* NULL once it went away */
+    uint32_t open_msgid;
     struct srv_session *next;
 };
 
@@ -84,6 +90,7 @@ struct srv_conn {
     struct server *srv;
     uid_t uid;
     bool admin;                     /* may reload the policy: the spawner, or --admin-uid */
+    unsigned running;               /* its calls counted in srv->running */
     struct srv_conn *next;
 };
 
@@ -109,6 +116,8 @@ struct server {
     char *state_dir;
     struct srv_session *sessions;
     unsigned nsessions;
+    struct srv_session *removing;   /* ended; their roots on the way out (core/remover.c) */
+    struct remover *remover;
     struct srv_call *calls;
     unsigned running;
     struct srv_conn *conns;
@@ -126,7 +135,11 @@ struct server {
     uint64_t call_seq;              /* a per-call id for the logs */
     /* accounting */
     ev_timer sampler;
-    struct acct_sample last;
+    struct acct_sample last;        /* the accountant's last walk of /proc */
+    unsigned last_standby, last_standby_fds;    /* held on purpose, at that walk */
+    int64_t last_ms;
+    bool last_stale;                /* calls or sessions came or went since */
+    struct zombie_watch zombies;
     int fd_baseline;
     struct alarm alarms[ALARM_COUNT];
     ev_timer metrics_timer;
@@ -440,37 +453,6 @@ static bool params_end(struct params *p)
     return true;
 }
 
-static int count_fds(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    if (!d) {
-        /* out of descriptors: all those below the limit are open (accounting.c) */
-        struct rlimit rl;
-        if (errno == EMFILE && getrlimit(RLIMIT_NOFILE, &rl) == 0)
-            return (int)(rl.rlim_cur < 1 << 20 ? rl.rlim_cur : 1 << 20);
-        return -1;
-    }
-    struct dirent *de;
-    while ((de = readdir(d)))
-        if (de->d_name[0] != '.')
-            n++;
-    closedir(d);
-    return n - 1;   /* the directory's own fd */
-}
-
-static long rss_kb(void)
-{
-    long pages = 0, resident = 0;
-    FILE *f = fopen("/proc/self/statm", "re");
-    if (!f)
-        return -1;
-    if (fscanf(f, "%ld %ld", &pages, &resident) != 2)
-        resident = -1;
-    fclose(f);
-    return resident < 0 ? -1 : resident * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
 static void record_latency(struct server *srv, const char *tool, int64_t ms)
 {
     struct tool_latency *t;
@@ -613,25 +595,17 @@ static void session_end(struct srv_session *ss, const char *layer)
 }
 
 /* The last call of an ending session is answered: remove its root, tell who asked. */
-static void session_finish(struct srv_session *ss)
+/* Its root is gone (or could not all go yet, and is being retried): tell who asked. */
+static void on_root_removed(void *ud, bool removed)
 {
+    struct srv_session *ss = ud;
     struct server *srv = ss->srv;
-    for (struct srv_session **pp = &srv->sessions; *pp; pp = &(*pp)->next) {
+    srv->last_stale = true;         /* its uid's lock goes with it */
+    for (struct srv_session **pp = &srv->removing; *pp; pp = &(*pp)->next) {
         if (*pp == ss) {
             *pp = ss->next;
             break;
         }
-    }
-    srv->nsessions--;
-    ended_remember(srv, ss);
-    log_session(ss, ss->end_layer ? "expired" : "closed");
-    char *id = xstrdup(ss->s->id);
-    bool removed = session_close(ss->s) == 0;
-    if (ss->end_layer && ss->owner) {
-        send_notification_begin(ss->owner, "session.expired", 2);
-        rpc_pack_kv_str(&ss->owner->rpc->pk, "session_id", id);
-        rpc_pack_kv_str(&ss->owner->rpc->pk, "layer", ss->end_layer);
-        rpc_conn_flush(ss->owner->rpc);
     }
     while (ss->waiters) {
         struct close_waiter *w = ss->waiters;
@@ -648,9 +622,43 @@ static void session_finish(struct srv_session *ss)
         srv->metrics.sessions_expired++;
     else
         srv->metrics.sessions_closed++;
-    free(id);
     pairs_free(ss->labels);
     free(ss);
+}
+
+/* The last call of an ending session is answered: its processes end, its root goes off
+ * the loop (a tool decides how big it is), and the close is answered once it is gone. */
+static void session_finish(struct srv_session *ss)
+{
+    struct server *srv = ss->srv;
+    if (ss->starting) {
+        ev_io_stop(srv->loop, &ss->zygote_ready);
+        zygote_stop(ss->starting);
+        ss->starting = NULL;
+        if (ss->open_conn)
+            rpc_send_error(ss->open_conn->rpc, ss->open_msgid, "INTERNAL", false,
+                           "the session ended before its sandbox was ready", NULL);
+    }
+    for (struct srv_session **pp = &srv->sessions; *pp; pp = &(*pp)->next) {
+        if (*pp == ss) {
+            *pp = ss->next;
+            break;
+        }
+    }
+    srv->nsessions--;
+    srv->last_stale = true;
+    ended_remember(srv, ss);
+    log_session(ss, ss->end_layer ? "expired" : "closed");
+    if (ss->end_layer && ss->owner) {
+        send_notification_begin(ss->owner, "session.expired", 2);
+        rpc_pack_kv_str(&ss->owner->rpc->pk, "session_id", ss->s->id);
+        rpc_pack_kv_str(&ss->owner->rpc->pk, "layer", ss->end_layer);
+        rpc_conn_flush(ss->owner->rpc);
+    }
+    ss->next = srv->removing;
+    srv->removing = ss;
+    session_close_async(ss->s, srv->remover, on_root_removed, ss);
+    ss->s = NULL;
 }
 
 static void on_lease(struct ev_loop *loop, ev_timer *w, int revents)
@@ -705,9 +713,36 @@ static void pack_session_info(msgpack_packer *pk, const struct srv_session *ss)
 }
 
 /* Reattach: the same uid may pick up its session on another connection. */
+/* A strict session's zygote is ready (or failed): session.open is answered now. */
+static void on_zygote_ready(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)revents;
+    struct srv_session *ss = w->data;
+    ev_io_stop(loop, w);
+    struct zygote *z = ss->starting;
+    ss->starting = NULL;
+    char *err = NULL;
+    if (zygote_start_finish(z, &err) == 0) {
+        ss->s->zygote = z;
+        if (ss->open_conn) {
+            msgpack_packer *pk = result_begin(ss->open_conn, ss->open_msgid, 4);
+            pack_session_info(pk, ss);
+            rpc_conn_flush(ss->open_conn->rpc);
+        }
+        ss->open_conn = NULL;
+        return;
+    }
+    LOG_W("session.open: %s", err);
+    if (ss->open_conn)
+        rpc_send_error(ss->open_conn->rpc, ss->open_msgid, "INTERNAL", false, err, NULL);
+    free(err);
+    ss->open_conn = NULL;
+    session_end(ss, NULL);
+}
+
 static void session_reattach(struct srv_conn *conn, uint32_t msgid, struct srv_session *ss)
 {
-    if (ss->owner_uid != conn->uid || ss->ending) {
+    if (ss->owner_uid != conn->uid || ss->ending || ss->starting) {
         bad_request(conn, msgid, "session %s is in use", ss->s->id);
         return;
     }
@@ -735,6 +770,7 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
     struct server *srv = conn->srv;
     char *err = NULL;
     struct session *s = NULL;
+    struct zygote *starting = NULL;
     if (srv->draining) {
         rpc_send_error(conn->rpc, msgid, "OVERLOADED", true, "the server is shutting down", NULL);
     } else if ((int64_t)srv->nsessions >= srv->policy->limits.sessions) {
@@ -759,7 +795,7 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
         snprintf(rec.policy_sha256, sizeof rec.policy_sha256, "%s", srv->policy->sha256);
         s = session_open_recorded(srv->state_dir, id, false, srv->opts->uids, &rec, &err);
         int saved = errno;
-        if (s && !session_isolate(s, srv->policy, srv->spawner, &err)) {
+        if (s && !session_isolate_begin(s, srv->policy, srv->spawner, &starting, &err)) {
             saved = errno;
             session_close(s);
             s = NULL;
@@ -797,8 +833,19 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
     ss->next = srv->sessions;
     srv->sessions = ss;
     srv->nsessions++;
+    srv->last_stale = true;
     log_session(ss, "opened");
     srv->metrics.sessions_opened++;
+    if (starting) {
+        /* its namespaces and mount tree take tens of milliseconds: answered when ready */
+        ss->starting = starting;
+        ss->open_conn = conn;
+        ss->open_msgid = msgid;
+        ev_io_init(&ss->zygote_ready, on_zygote_ready, zygote_start_fd(starting), EV_READ);
+        ss->zygote_ready.data = ss;
+        ev_io_start(srv->loop, &ss->zygote_ready);
+        return;
+    }
     msgpack_packer *pk = result_begin(conn, msgid, 4);
     pack_session_info(pk, ss);
     rpc_conn_flush(conn->rpc);
@@ -1049,7 +1096,9 @@ static void server_recover(struct server *srv)
 static struct srv_session *session_lookup(struct srv_conn *conn, uint32_t msgid, const char *id)
 {
     struct srv_session *ss = session_find(conn->srv, id);
-    if (ss && ss->owner_uid == conn->uid && !ss->ending) {
+    /* a strict session whose zygote is on its way is not open yet: its calls would
+     * run without its namespaces */
+    if (ss && ss->owner_uid == conn->uid && !ss->ending && !ss->starting) {
         session_touch(ss);
         return ss;
     }
@@ -1211,6 +1260,7 @@ static void on_call_done(struct call *c, void *ud)
         rpc_conn_flush(sc->conn->rpc);
     }
     srv->metrics.redactions += (uint64_t)r->redactions;
+    srv->last_stale = true;
     log_call(sc, c);
     metrics_observe_call(&srv->metrics, sc->counted ? c->req.tool : NULL, r->class,
                          r->duration_ms);
@@ -1225,6 +1275,8 @@ static void on_call_done(struct call *c, void *ud)
     struct srv_session *ss = sc->sess;
     if (sc->counted)
         srv->running--;
+    if (sc->counted && sc->conn)
+        sc->conn->running--;
     ss->ncalls--;
     call_free(c);
     free(sc);
@@ -1310,11 +1362,21 @@ static void m_call(struct srv_conn *conn, uint32_t msgid, const msgpack_object *
         call_request_free(&req);
         return;
     }
-    if (srv->draining || (int64_t)srv->running >= srv->policy->limits.running) {
+    /* On a socket no one client may hold every slot: a quarter (at least one) stays
+     * for the others. */
+    int64_t limit = srv->policy->limits.running;
+    int64_t share = srv->opts->listen_path ? limit - (limit / 4 > 1 ? limit / 4 : 1) : limit;
+    if (share < 1)
+        share = 1;
+    if (srv->draining || (int64_t)srv->running >= limit || (int64_t)conn->running >= share) {
         char msg[128];
-        snprintf(msg, sizeof msg, srv->draining ? "the server is shutting down"
-                                                : "running-call limit reached (%u running)",
-                 srv->running);
+        if (srv->draining)
+            snprintf(msg, sizeof msg, "the server is shutting down");
+        else if ((int64_t)srv->running >= limit)
+            snprintf(msg, sizeof msg, "running-call limit reached (%u running)", srv->running);
+        else
+            snprintf(msg, sizeof msg, "this connection's share of running calls reached "
+                     "(%u of %lld)", conn->running, (long long)limit);
         rpc_send_error(conn->rpc, msgid, "OVERLOADED", true, msg, NULL);
         call_request_free(&req);
         return;
@@ -1347,7 +1409,10 @@ static void m_call(struct srv_conn *conn, uint32_t msgid, const msgpack_object *
     if (sc->call->state == CALL_RUNNING) {
         sc->counted = true;
         srv->running++;
-        if (conn->rpc->under_pressure)
+        conn->running++;
+        /* only a stream adds to what the client has not read: a plain call's output
+         * waits in its (capped) result */
+        if (conn->rpc->under_pressure && sc->call->req.stream)
             call_pause_output(sc->call, true);
     }
 }
@@ -1429,6 +1494,24 @@ static unsigned standby_count(struct server *srv, int wait_ms, unsigned *fds)
     return procs;
 }
 
+/* One walk of /proc (our descriptors, our process tree, our memory) and what is held on
+ * purpose at that moment. Its cost grows with what the calls run (a fork bomb's tree),
+ * so it is taken by the sampler, and by `stats` only when calls or sessions came or went
+ * since the last walk, or that is older than STATS_RESAMPLE_MS: however many `stats` a
+ * client pipelines, /proc is walked once per change or that often. */
+#define STATS_RESAMPLE_MS 20
+#define ZOMBIE_GRACE_SAMPLES 3          /* the sampler runs every second */
+
+static void sample_take(struct server *srv)
+{
+    standby_count(srv, 0, NULL);        /* take the spares that arrived, then count */
+    acct_sample_take(&srv->last);
+    srv->last_standby_fds = 0;
+    srv->last_standby = standby_count(srv, -1, &srv->last_standby_fds);
+    srv->last_ms = now_ms();
+    srv->last_stale = false;
+}
+
 static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object *params)
 {
     struct server *srv = conn->srv;
@@ -1436,11 +1519,9 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     params_begin(&p, conn, msgid, params);
     if (!params_end(&p))
         return;
-    /* with no call running, the spares on their way are waited for (briefly), before
-     * anything is counted: a quiet server reports the same figures every time */
-    unsigned standby_fds = 0, standby = standby_count(srv, srv->running ? 0 : 100, &standby_fds);
-    unsigned live, zombies;
-    proc_count_tree(&live, &zombies, NULL);
+    if (srv->last_stale || now_ms() - srv->last_ms >= STATS_RESAMPLE_MS)
+        sample_take(srv);
+    const struct acct_sample *now = &srv->last;
     msgpack_packer *pk = result_begin(conn, msgid, 19);
     rpc_pack_kv_int(pk, "sessions", srv->nsessions);
     /* the labels of the open sessions that have some, by session id */
@@ -1460,12 +1541,12 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     msgpack_pack_map(pk, CLASS_COUNT);
     for (int i = 0; i < CLASS_COUNT; i++)
         rpc_pack_kv_int(pk, call_class_name((enum call_class)i), (int64_t)srv->metrics.calls[i]);
-    rpc_pack_kv_int(pk, "processes", live);
-    rpc_pack_kv_int(pk, "standby", standby);
-    rpc_pack_kv_int(pk, "standby_fds", standby_fds);
-    rpc_pack_kv_int(pk, "zombies", zombies);
-    rpc_pack_kv_int(pk, "fds", count_fds());
-    rpc_pack_kv_int(pk, "rss_kb", rss_kb());
+    rpc_pack_kv_int(pk, "processes", now->processes);
+    rpc_pack_kv_int(pk, "standby", srv->last_standby);
+    rpc_pack_kv_int(pk, "standby_fds", srv->last_standby_fds);
+    rpc_pack_kv_int(pk, "zombies", now->zombies);
+    rpc_pack_kv_int(pk, "fds", now->fds);
+    rpc_pack_kv_int(pk, "rss_kb", now->rss_kb);
     rpc_pack_key(pk, "alarms");
     unsigned nraised = 0;
     for (int k = 0; k < ALARM_COUNT; k++)
@@ -1504,14 +1585,12 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
         total += srv->metrics.calls[i];
     rpc_pack_key(pk, "timeout_rate");
     msgpack_pack_double(pk, total ? (double)srv->metrics.calls[CLASS_TOOL_TIMEOUT] / (double)total : 0);
-    struct acct_sample now;
-    acct_sample_take(&now);
     rpc_pack_key(pk, "fds_by_kind");
     msgpack_pack_map(pk, 4);
-    rpc_pack_kv_int(pk, "pipe", now.fd_pipe);
-    rpc_pack_kv_int(pk, "pidfd", now.fd_pidfd);
-    rpc_pack_kv_int(pk, "socket", now.fd_socket);
-    rpc_pack_kv_int(pk, "other", now.fd_other);
+    rpc_pack_kv_int(pk, "pipe", now->fd_pipe);
+    rpc_pack_kv_int(pk, "pidfd", now->fd_pidfd);
+    rpc_pack_kv_int(pk, "socket", now->fd_socket);
+    rpc_pack_kv_int(pk, "other", now->fd_other);
     rpc_pack_kv_int(pk, "fd_baseline", srv->fd_baseline);
     /* lines the log or metrics file could not take (full disk, file size limit) */
     rpc_pack_kv_int(pk, "log_dropped", (int64_t)log_dropped);
@@ -1684,22 +1763,19 @@ static void on_sample(struct ev_loop *loop, ev_timer *w, int revents)
     spawner_check(srv);
     for (struct srv_session *ss = srv->sessions; ss; ss = ss->next)
         session_zygote_check(ss);
-    standby_count(srv, 0, NULL);        /* take the spares that arrived, then count */
-    acct_sample_take(&srv->last);
+    sample_take(srv);
     alarm_thresholds(srv);
-    /* what is held on purpose is not growth */
-    unsigned standby_fds = 0, standby = standby_count(srv, -1, &standby_fds);
+    /* what is held on purpose is not growth; a zombie is a leak once the same one has
+     * outlived its grace (ZOMBIE_GRACE_SAMPLES samples in a row) */
     int64_t values[ALARM_COUNT] = {
-        [ALARM_ZOMBIES] = srv->last.owned_zombies,
-        [ALARM_FDS] = (int64_t)srv->last.fds - standby_fds,
+        [ALARM_ZOMBIES] = zombie_watch_update(&srv->zombies, &srv->last, ZOMBIE_GRACE_SAMPLES),
+        [ALARM_FDS] = (int64_t)srv->last.fds - srv->last_standby_fds,
         [ALARM_RSS] = srv->last.rss_kb,
-        [ALARM_PROCESSES] = (int64_t)srv->last.processes - standby,
+        [ALARM_PROCESSES] = (int64_t)srv->last.processes - srv->last_standby,
         [ALARM_SESSIONS] = srv->nsessions,
     };
     for (int k = 0; k < ALARM_COUNT; k++) {
-        /* a zombie lives between a child's exit and our reaping it: two samples in a
-         * row mean it was not reaped */
-        int change = alarm_update(&srv->alarms[k], values[k], k == ALARM_ZOMBIES ? 2 : 1);
+        int change = alarm_update(&srv->alarms[k], values[k], 1);
         if (change)
             alarm_announce(srv, (enum alarm_kind)k, change > 0);
     }
@@ -1746,6 +1822,7 @@ static void m_debug_leak(struct srv_conn *conn, uint32_t msgid, const msgpack_ob
         return;
     while (n-- > 0 && srv->nleaked < (int)ARRAY_LEN(srv->leaked))
         srv->leaked[srv->nleaked++] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    srv->last_stale = true;
     msgpack_packer *pk = result_begin(conn, msgid, 1);
     rpc_pack_kv_int(pk, "leaked", srv->nleaked);
     rpc_conn_flush(conn->rpc);
@@ -1787,6 +1864,7 @@ static void m_debug_zombie(struct srv_conn *conn, uint32_t msgid, const msgpack_
             srv->holding_zombie = true;
         }
     }
+    srv->last_stale = true;
     msgpack_packer *pk = result_begin(conn, msgid, 1);
     rpc_pack_kv_bool(pk, "holding", srv->holding_zombie);
     rpc_conn_flush(conn->rpc);
@@ -1807,6 +1885,7 @@ static void m_debug_unleak(struct srv_conn *conn, uint32_t msgid, const msgpack_
         close_quietly(&srv->leaked[--srv->nleaked]);
     if (srv->holding_zombie)
         proc_signal(&srv->zombie_holder, SIGKILL);  /* its zombie is reparented, reaped */
+    srv->last_stale = true;
     msgpack_packer *pk = result_begin(conn, msgid, 1);
     rpc_pack_kv_int(pk, "leaked", 0);
     rpc_conn_flush(conn->rpc);
@@ -1912,12 +1991,17 @@ static void on_conn_close(struct rpc_conn *rpc, const char *why)
             call_stop(sc->call, CLASS_CANCELLED, NULL, "the client went away", true);
         }
     }
-    for (struct srv_session *ss = srv->sessions; ss; ss = ss->next) {
-        if (ss->owner == conn)
-            ss->owner = NULL;
-        for (struct close_waiter *w = ss->waiters; w; w = w->next)
-            if (w->conn == conn)
-                w->conn = NULL;
+    struct srv_session *lists[] = {srv->sessions, srv->removing};
+    for (size_t i = 0; i < ARRAY_LEN(lists); i++) {
+        for (struct srv_session *ss = lists[i]; ss; ss = ss->next) {
+            if (ss->owner == conn)
+                ss->owner = NULL;
+            if (ss->open_conn == conn)
+                ss->open_conn = NULL;
+            for (struct close_waiter *w = ss->waiters; w; w = w->next)
+                if (w->conn == conn)
+                    w->conn = NULL;
+        }
     }
     for (struct srv_conn **pp = &srv->conns; *pp; pp = &(*pp)->next) {
         if (*pp == conn) {
@@ -1956,6 +2040,7 @@ static struct srv_conn *conn_add(struct server *srv, int rfd, int wfd, uid_t uid
     conn->rpc = rpc_conn_new(srv->loop, rfd, wfd, srv->opts->max_message, &handlers, conn);
     conn->rpc->peer_uid = uid;
     conn->rpc->on_error_sent = on_error_sent;
+    conn->rpc->slow_reader_ms = srv->opts->slow_reader_ms;
     conn->next = srv->conns;
     srv->conns = conn;
     return conn;
@@ -2379,6 +2464,7 @@ struct server *server_new(const struct server_opts *opts)
         die("cannot create the event loop");
     proc_init(srv->loop);
     policy_set_clock_refresh(refresh_loop_clock, srv->loop);
+    srv->remover = remover_new(srv->loop);
     ev_signal_init(&srv->sighup, on_signal, SIGHUP);
     ev_signal_init(&srv->sigterm, on_signal, SIGTERM);
     ev_signal_init(&srv->sigint, on_signal, SIGINT);
@@ -2443,6 +2529,18 @@ void server_free(struct server *srv)
         free(t->tool);
         free(t);
     }
+    remover_free(srv->remover);     /* the loop has waited for every first attempt */
+    while (srv->removing) {         /* answered nowhere: the connections are gone */
+        struct srv_session *ss = srv->removing;
+        srv->removing = ss->next;
+        while (ss->waiters) {
+            struct close_waiter *w = ss->waiters;
+            ss->waiters = w->next;
+            free(w);
+        }
+        pairs_free(ss->labels);
+        free(ss);
+    }
     zygote_stop(srv->spawner);
     while (srv->nretired > 0)
         zygote_stop(srv->retired[--srv->nretired]);
@@ -2470,10 +2568,8 @@ void server_start(struct server *srv)
 {
     /* The baseline the fds alarm measures growth from: everything start-up opened. */
     standby_count(srv, 100, NULL);
-    acct_sample_take(&srv->last);
-    unsigned standby_fds = 0;
-    standby_count(srv, -1, &standby_fds);
-    srv->fd_baseline = srv->last.fds - (int)standby_fds;
+    sample_take(srv);
+    srv->fd_baseline = srv->last.fds - (int)srv->last_standby_fds;
     alarm_thresholds(srv);
     ev_timer_start(srv->loop, &srv->sampler);
     ev_unref(srv->loop);        /* the sampler alone must not keep the server alive */

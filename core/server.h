@@ -23,6 +23,8 @@ struct server_opts {
     gid_t socket_gid;           /* its group, with --socket-group; (gid_t)-1: unchanged */
     size_t max_message;
     int64_t drain_ms;
+    int64_t slow_reader_ms;     /* a client that takes none of its output that long is
+                                 * dropped; 0: never */
     struct uid_range uids;
     const char *metrics_path;   /* Prometheus text file, or NULL */
     int64_t metrics_interval_ms;

@@ -1,6 +1,7 @@
 #include "session.h"
 #include "policy.h"
 #include "record.h"
+#include "remover.h"
 #include "root.h"
 #include "sandbox.h"
 #include "zygote.h"
@@ -9,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -391,14 +393,32 @@ int session_record_save(struct session *s)
 bool session_isolate(struct session *s, const struct policy *p, struct zygote *spawner,
                      char **err)
 {
+    struct zygote *starting;
+    if (!session_isolate_begin(s, p, spawner, &starting, err))
+        return false;
+    if (starting) {
+        struct pollfd pf = {zygote_start_fd(starting), POLLIN, 0};
+        while (poll(&pf, 1, -1) < 0 && errno == EINTR)
+            ;
+        if (zygote_start_finish(starting, err) < 0)
+            return false;
+        s->zygote = starting;
+    }
+    return true;
+}
+
+bool session_isolate_begin(struct session *s, const struct policy *p, struct zygote *spawner,
+                           struct zygote **starting, char **err)
+{
+    *starting = NULL;
     s->net_closed = strcmp(p->network, "loopback") != 0;
     if (strcmp(p->isolation, "strict") == 0) {
         struct zygote_config zc = {
             .state_dir = s->state_dir, .session_root = s->root, .mounts = p->mounts,
             .nmounts = p->nmounts, .loopback_up = !s->net_closed,
         };
-        s->zygote = zygote_start(&zc, err);
-        return s->zygote != NULL;
+        *starting = zygote_start_begin(&zc, err);
+        return *starting != NULL;
     }
     /* Built once, here: each tool only restricts itself to it. (In a zygote's world the
      * tool builds its own: the paths there are the world's.) */
@@ -467,4 +487,33 @@ int session_close(struct session *s)
     free(s->state_dir);
     free(s);
     return rc;
+}
+
+void session_close_async(struct session *s, struct remover *r,
+                         void (*done)(void *ud, bool removed), void *ud)
+{
+    /* its processes first: nothing may still be writing while the root goes */
+    session_isolation_end(s);
+    /* while it holds the uid's lock: no other session can have drawn the uid */
+    if (s->root && s->keep_root && s->drop_user && s->uid_lock_fd >= 0)
+        kept_record(s->uid, s->root);
+    bool removing = s->root && !s->keep_root;
+    if (removing && s->record) {
+        /* a crash from here on leaves a record that says "remove me" */
+        s->record->state = RECORD_CLOSING;
+        if (session_record_save(s) < 0)
+            LOG_W("session %s: record: %s", s->id, strerror(errno));
+    }
+    /* the record goes only with the root (the job removes both, in that order) */
+    remover_submit(r, s->state_dir, removing ? s->id : NULL, removing && s->record,
+                   s->uid_lock_fd, done, ud);
+    s->uid_lock_fd = -1;                /* the job's now */
+    if (s->record) {
+        record_clear(s->record);
+        free(s->record);
+    }
+    free(s->id);
+    free(s->root);
+    free(s->state_dir);
+    free(s);
 }

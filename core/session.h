@@ -74,9 +74,20 @@ bool session_isolate(struct session *s, const struct policy *p, struct zygote *s
 /* Take its zygote away (a dead one, which the caller keeps until no call refers to it),
  * so that session_isolate builds it again. Returns it. */
 struct zygote *session_zygote_take(struct session *s);
+/* The same without waiting for a strict session's zygote: it is only started, in
+ * *starting (the caller finishes it with zygote_start_finish once zygote_start_fd is
+ * readable, and puts it in s->zygote); *starting NULL: the session is ready now. */
+bool session_isolate_begin(struct session *s, const struct policy *p, struct zygote *spawner,
+                           struct zygote **starting, char **err);
 /* End its isolation (the zygote first: its processes), remove the root (unless
  * keep_root) and release the uid; frees the session. Returns -1
  * when part of the root could not be removed (logged). */
 int session_close(struct session *s);
+/* The same, with the root removed off the loop by `r` (core/remover.h): the session's
+ * processes end now, its uid stays reserved until its root is gone, and done(ud,
+ * removed) runs on the loop after the first attempt. Frees s now. */
+struct remover;
+void session_close_async(struct session *s, struct remover *r,
+                         void (*done)(void *ud, bool removed), void *ud);
 
 #endif

@@ -656,7 +656,7 @@ void zygote_spare_lost(struct zygote *z)
         z->coming--;
 }
 
-struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
+struct zygote *zygote_start_begin(const struct zygote_config *cfg, char **err)
 {
     const struct sandbox_caps *c = sandbox_caps();
     bool userns = !c->root && !cfg->plain;
@@ -720,32 +720,52 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
         *err = xasprintf("zygote clone: %s", strerror(e));
         return NULL;
     }
-    char hello[300];
-    int nfds;
-    int none[1];
-    ssize_t n = recv_with_fds(sv[0], hello, sizeof hello - 1, none, 0, &nfds);
-    if (n != 1 || hello[0] != 'R') {
-        hello[n > 1 ? n : 1] = 0;
-        *err = xasprintf("the session's sandbox could not be built: %s",
-                         n > 1 ? hello + 1 : "the zygote died");
-        proc_kill_reap(pid, pidfd);
-        close(sv[0]);
-        return NULL;
-    }
+    /* ours from now on: never taken for an orphan to sweep */
     proc_keep(pid);
     struct zygote *z = xcalloc(1, sizeof *z);
     z->pid = pid;
     z->pidfd = pidfd;
     z->sock = sv[0];
-    /* the server's spawner serves every session's calls at once: keep a few ahead */
     z->plain = cfg->plain;
-    z->want = cfg->plain ? ZYG_POOL : 1;
-    while (cfg->plain && z->asked < z->want && spare_ask(z) == 0)
+    z->starting = true;
+    return z;
+}
+
+int zygote_start_fd(const struct zygote *z) { return z->sock; }
+
+int zygote_start_finish(struct zygote *z, char **err)
+{
+    char hello[300];
+    int nfds;
+    int none[1];
+    ssize_t n = recv_with_fds(z->sock, hello, sizeof hello - 1, none, 0, &nfds);
+    if (n != 1 || hello[0] != 'R') {
+        hello[n > 1 ? n : 1] = 0;
+        *err = xasprintf("the session's sandbox could not be built: %s",
+                         n > 1 ? hello + 1 : "the zygote died");
+        zygote_stop(z);
+        return -1;
+    }
+    z->starting = false;
+    /* the server's spawner serves every session's calls at once: keep a few ahead */
+    z->want = z->plain ? ZYG_POOL : 1;
+    while (z->plain && z->asked < z->want && spare_ask(z) == 0)
         ;
     /* a session's first runner, made while the client hears its session is open */
-    if (!cfg->plain && zygote_runners_enabled())
+    if (!z->plain && zygote_runners_enabled())
         spare_ask(z);
-    return z;
+    return 0;
+}
+
+struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
+{
+    struct zygote *z = zygote_start_begin(cfg, err);
+    if (!z)
+        return NULL;
+    struct pollfd pf = {z->sock, POLLIN, 0};
+    while (poll(&pf, 1, -1) < 0 && errno == EINTR)
+        ;
+    return zygote_start_finish(z, err) == 0 ? z : NULL;
 }
 
 /* A live spare off the pool: 0, or -1 with errno. The server's spawner is never waited
@@ -977,6 +997,11 @@ unsigned zygote_standby(struct zygote *z, int wait_ms, unsigned *fds)
 {
     if (!z)
         return 0;
+    if (z->starting) {              /* only itself so far, and its socket */
+        if (fds)
+            *fds += 2;
+        return 1;
+    }
     if (!zygote_alive(z)) {
         /* its spares died with it (PDEATHSIG): none is standing by, and none is coming */
         while (z->npool > 0)

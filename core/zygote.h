@@ -41,11 +41,20 @@ struct zygote {
     int asked;              /* spares we asked for, not yet taken off the socket */
     int coming;             /* spares the shims of ones handed out will ask for */
     int want;               /* how many to keep ahead: ready + asked + coming */
+    bool starting;          /* forked, its ready message not read yet */
 };
 
 /* Start a session's zygote: its namespaces and mount tree are ready when this returns.
  * NULL and *err on failure. */
 struct zygote *zygote_start(const struct zygote_config *cfg, char **err);
+/* The same in two halves, for a caller with a loop: building the world takes tens of
+ * milliseconds, the loop need not wait. zygote_start_begin returns the zygote on its way
+ * (NULL and *err if it could not even be forked); zygote_start_fd(z) turns readable when
+ * it is ready or has failed; then zygote_start_finish: 0, or -1 and *err with z freed. A
+ * zygote on its way is given to nothing else; zygote_stop ends it. */
+struct zygote *zygote_start_begin(const struct zygote_config *cfg, char **err);
+int zygote_start_fd(const struct zygote *z);
+int zygote_start_finish(struct zygote *z, char **err);
 /* Start a call inside it: like spawn_start, but the shim is a spare the zygote made
  * ahead of time (in a session's world, pid 1 of a fresh pid namespace); the request and
  * the call's pipes go to it directly, and the zygote is asked for the next one. */

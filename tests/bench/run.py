@@ -22,6 +22,10 @@ Sections:
   6. redaction (tests/bench/redact_bench.py): per-family recall and precision over
      tests/redact/corpus, a scan of the system's source and documentation trees,
      throughput by input class vs a raw pipe with the supervisor's CPU, a noisy neighbour
+  7. noisy neighbour (tests/bench/noisy.py): session B's `true` p50/p99 while session A
+     runs each attack (redaction-heavy output, a 100,000-entry tree at close, a streamed
+     flood whose client stalls, a fork bomb, pipelined `stats`, a looping hook), as a
+     ratio to B alone on the same server
 
 When root, what is missing is installed (bubblewrap firejail hyperfine socat ripgrep;
 npm's @anthropic-ai/sandbox-runtime): always in full mode, in --quick mode only with
@@ -877,6 +881,46 @@ def metadata(args):
 # ---------------------------------------------------------------------------- main
 
 
+# ---------------------------------------------------------------------------- section 7
+
+
+def section_noisy(ctx, bench):
+    """Noisy neighbour (tests/bench/noisy.py): B's `true` latency while session A runs
+    each attack, as a ratio to B alone on the same server."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import noisy
+    sec = "7 noisy neighbour"
+    state = tempfile.mkdtemp(prefix="noisy.", dir=ctx.state)
+    os.chmod(state, 0o711)
+    srv = noisy.Server(os.path.join(REPO, "stockade"), state)
+    try:
+        log("noisy neighbour: B alone")
+        lat = [x * 1000 for x in noisy.alone(srv, 2.0 if ctx.args.quick else 5.0)]
+        bench.add(Row(sec, "B alone: `true` p50", "ms", lat, key="noisy:alone:p50"))
+        bench.add(Row(sec, "B alone: `true` p99", "ms", [noisy.quantile(lat, 0.99)],
+                      key="noisy:alone:p99", note=f"worst {max(lat):.1f} ms, n={len(lat)}"))
+        for name, cls in noisy.ATTACKS.items():
+            log(f"noisy neighbour: {name}")
+            try:
+                kw = {"entries": 20_000} if ctx.args.quick and name == "tree_at_close" else {}
+                xs, bad, facts = noisy.measure(srv, cls, **kw)
+            except Exception as e:      # an attack that could not be set up
+                bench.fail(f"noisy neighbour {name}", str(e))
+                bench.skip(sec, f"B during {name}", "ms", "failed", key=f"noisy:{name}:p50")
+                continue
+            xs = [x * 1000 for x in xs]
+            if bad:
+                bench.fail(f"noisy neighbour {name}", f"B's calls failed: {bad[:3]}")
+            bench.add(Row(sec, f"B during {name}: p50", "ms", xs, base="noisy:alone:p50",
+                          key=f"noisy:{name}:p50"))
+            bench.add(Row(sec, f"B during {name}: p99", "ms", [noisy.quantile(xs, 0.99)],
+                          base="noisy:alone:p99", key=f"noisy:{name}:p99",
+                          note=f"worst {max(xs):.0f} ms, n={len(xs)}"))
+    finally:
+        srv.stop()
+
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="CI smoke run: < 1 minute")
@@ -884,7 +928,7 @@ def main():
     ap.add_argument("--install", action="store_true", help="install missing comparators "
                     "even in --quick mode")
     ap.add_argument("--no-install", action="store_true", help="never install anything")
-    ap.add_argument("--only", default="1,2,3,4,6", help="sections to run (4 includes 5)")
+    ap.add_argument("--only", default="1,2,3,4,6,7", help="sections to run (4 includes 5)")
     ap.add_argument("--strict-sessions", type=int, default=0,
                     help="open sessions for the strict memory row (default 1000; 64 quick)")
     args = ap.parse_args()
@@ -924,6 +968,8 @@ def main():
         if "6" in only:
             from redact_bench import section_redaction
             section_redaction(ctx, bench, Row)
+        if "7" in only:
+            section_noisy(ctx, bench)
     finally:
         ctx.serve_log.close()
     # a serve that logged a crash of its own is a failure even if every call answered

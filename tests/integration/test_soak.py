@@ -339,6 +339,20 @@ def test_render_svg_is_well_formed(tmp_path):
         assert len(pl.get("points").split()) <= 1500
     title = [t.text for t in root.iter(SVG_NS + "text")][0]
     assert title == 'a <title> & "quotes"'
+    # alarm events are marked on their kind's panel: raised and cleared
+    path.write_text(soak.render_svg(samples[:100], alarms=[
+        {"t": 10.0, "kind": "zombies", "state": "raised", "value": 2, "message": "2 <z>"},
+        {"t": 14.0, "kind": "zombies", "state": "cleared"},
+        {"t": 20.0, "kind": "sessions", "state": "raised"}]))
+    assert_svg(str(path))
+    root = ET.parse(str(path)).getroot()
+    panels = {g.get("id"): g for g in root.iter(SVG_NS + "g") if g.get("class") == "panel"}
+    marks = {pid: [p.find(SVG_NS + "title").text for p in g.iter(SVG_NS + "polygon")]
+             for pid, g in panels.items()}
+    assert [m.split(" at ")[0] for m in marks["panel-zombies"]] == ["zombies raised",
+                                                                  "zombies cleared"]
+    assert [m.split(" at ")[0] for m in marks["panel-sessions"]] == ["sessions raised"]
+    assert marks["panel-fds"] == []
     # an empty run still renders a valid (empty) chart
     path.write_text(soak.render_svg([]))
     root = ET.parse(str(path)).getroot()

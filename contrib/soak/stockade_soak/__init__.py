@@ -1194,7 +1194,7 @@ class Soak:
                 os.makedirs(d, exist_ok=True)
                 with open(svg_path, "w", encoding="utf-8") as f:
                     f.write(render_svg(self.samples, title=self._title(passed),
-                                       marks=self.marks))
+                                       marks=self.marks, alarms=self.alarms))
                 with open(o.report, "w", encoding="utf-8") as f:
                     json.dump(report, f, indent=1, sort_keys=False)
                     f.write("\n")
@@ -1478,13 +1478,23 @@ def _svg_path(report: str) -> str:
     return report[:-5] + ".svg" if report.endswith(".json") else report + ".svg"
 
 
+_ALARM_COLORS = {"raised": "#d62728", "cleared": "#2ca02c"}
+
+
 def render_svg(samples: Sequence[Dict[str, Any]], title: str = "stockade soak",
-               marks: Optional[Dict[str, float]] = None) -> str:
-    """A stacked chart (one panel per figure, a shared time axis) of the sampled series."""
+               marks: Optional[Dict[str, float]] = None,
+               alarms: Optional[Sequence[Dict[str, Any]]] = None) -> str:
+    """A stacked chart (one panel per figure, a shared time axis) of the sampled series.
+    Alarm notifications (`alarms`: {t, kind, state}) are marked on the panel of their
+    kind (on every panel for a kind without one): a red triangle pointing up where one
+    was raised, a green one pointing down where it cleared."""
     W, left, right, top, ph, gap, bottom = 960, 70, 20, 64, 96, 20, 44
     H = top + len(_SERIES) * (ph + gap) - gap + bottom
     pw = W - left - right
     ts = [s["t"] for s in samples if isinstance(s.get("t"), (int, float))]
+    events = [a for a in (alarms or []) if isinstance(a.get("t"), (int, float))
+              and a.get("state") in _ALARM_COLORS]
+    ts += [a["t"] for a in events]
     tmax = max(ts) if ts else 1.0
     tmax = tmax if tmax > 0 else 1.0
     o: List[str] = []
@@ -1506,6 +1516,13 @@ def render_svg(samples: Sequence[Dict[str, Any]], title: str = "stockade soak",
                      f'stroke-dasharray="{dash}"/>')
             o.append(f'<text x="{lx + 27}" y="40">{"warm-up end (baseline)" if name == "baseline" else "drain"}</text>')
             lx += 27 + 7 * (22 if name == "baseline" else 5) + 20
+    if events:
+        for state, color in _ALARM_COLORS.items():
+            tri = (f"{lx},40 {lx + 10},40 {lx + 5},31" if state == "raised"
+                   else f"{lx},31 {lx + 10},31 {lx + 5},40")
+            o.append(f'<polygon points="{tri}" fill="{color}"/>')
+            o.append(f'<text x="{lx + 15}" y="40">alarm {state}</text>')
+            lx += 15 + 7 * len(f"alarm {state}") + 20
 
     def xpos(t: float) -> float:
         return left + pw * (t / tmax)
@@ -1541,6 +1558,24 @@ def render_svg(samples: Sequence[Dict[str, Any]], title: str = "stockade soak",
             coords = " ".join(f"{xpos(t):.1f},{y0 + ph - ph * (v / vmax):.1f}" for t, v in pts)
             o.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
                      f'points="{coords}"/>')
+        kinds_with_panel = {k for k, _, _, _ in _SERIES}
+        mine = [a for a in events if a.get("kind") == key or
+                ("rss" if key == "rss_kb" else None) == a.get("kind") or
+                (a.get("kind") not in kinds_with_panel and a.get("kind") != "rss")]
+        if mine:
+            o.append('<g class="alarms">')
+            for a in mine:
+                x = xpos(a["t"])
+                color = _ALARM_COLORS[a["state"]]
+                tri = (f"{x - 4:.1f},{y0 + 8} {x + 4:.1f},{y0 + 8} {x:.1f},{y0}"
+                       if a["state"] == "raised" else
+                       f"{x - 4:.1f},{y0} {x + 4:.1f},{y0} {x:.1f},{y0 + 8}")
+                o.append(f'<line x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y0 + ph}" '
+                         f'stroke="{color}" stroke-width="0.6" stroke-opacity="0.6"/>')
+                o.append(f'<polygon points="{tri}" fill="{color}"><title>'
+                         f'{_esc(a.get("kind"))} {_esc(a["state"])} at {a["t"]:.1f}s: '
+                         f'{_esc(a.get("message", ""))}</title></polygon>')
+            o.append('</g>')
         o.append('</g>')
     # the time axis, under the last panel
     ya = top + len(_SERIES) * (ph + gap) - gap
