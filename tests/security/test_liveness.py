@@ -75,15 +75,7 @@ def worst(lat):
 # ---------------------------------------------------------------- noisy neighbour
 
 
-# Redaction's cost on text dense with a secret's prefix is issue 14's item 1, fixed in the
-# redaction engine (not here): until then B waits out the whole redaction (~30 s).
-REDACTION_PENDING = pytest.mark.xfail(
-    reason="issue 14 item 1: redaction is quadratic on output dense with a secret's "
-           "prefix and runs in the loop", strict=False)
-
-
-@pytest.mark.parametrize("attack", [pytest.param(a, marks=REDACTION_PENDING)
-                                    if a == "redaction_heavy" else a for a in ATTACKS])
+@pytest.mark.parametrize("attack", list(ATTACKS))
 def test_noisy_neighbour(serve, attack):
     """While session A runs the attack, session B's `true` stays under the bound."""
     srv = serve()
