@@ -16,7 +16,7 @@
 struct job {
     char *state_dir;
     char *id;                   /* NULL: nothing to remove, only the uid to release */
-    bool remove_record;
+    struct session_record *record;      /* NULL: none */
     int uid_lock_fd;
     remover_done_fn done;
     void *ud;
@@ -48,6 +48,10 @@ struct remover {
 
 static void job_free(struct job *j)
 {
+    if (j->record) {
+        record_clear(j->record);
+        free(j->record);
+    }
     close_quietly(&j->uid_lock_fd);
     free(j->state_dir);
     free(j->id);
@@ -58,8 +62,13 @@ static bool job_attempt(struct job *j)
 {
     if (!j->id)
         return true;
+    if (j->record && j->attempts == 0) {
+        j->record->state = RECORD_CLOSING;
+        if (record_write(j->state_dir, j->record, false) < 0)
+            LOG_W("session %s: record: %s", j->id, strerror(errno));
+    }
     if (root_remove(j->state_dir, j->id) == 0) {
-        if (j->remove_record && record_remove(j->state_dir, j->id) < 0)
+        if (j->record && record_remove(j->state_dir, j->id) < 0)
             LOG_W("session %s: record: %s", j->id, strerror(errno));
         return true;
     }
@@ -213,13 +222,14 @@ struct remover *remover_new(struct ev_loop *loop)
     return r;
 }
 
-void remover_submit(struct remover *r, const char *state_dir, const char *id, bool remove_record,
-                    int uid_lock_fd, remover_done_fn done, void *ud)
+void remover_submit(struct remover *r, const char *state_dir, const char *id,
+                    struct session_record *record, int uid_lock_fd, remover_done_fn done,
+                    void *ud)
 {
     struct job *j = xcalloc(1, sizeof *j);
     j->state_dir = xstrdup(state_dir);
     j->id = id ? xstrdup(id) : NULL;
-    j->remove_record = remove_record;
+    j->record = record;
     j->uid_lock_fd = uid_lock_fd;
     j->done = done;
     j->ud = ud;

@@ -24,12 +24,15 @@ struct remover;
 typedef void (*remover_done_fn)(void *ud, bool removed);
 
 struct remover *remover_new(struct ev_loop *loop);
-/* Remove STATE_DIR/sessions/ID (id NULL: nothing to remove) and then, with
- * remove_record, its record (core/record.c: a root is never left without one), then close
- * uid_lock_fd (-1: none). done (may be NULL) runs on the loop thread, never from inside
- * this call. */
-void remover_submit(struct remover *r, const char *state_dir, const char *id, bool remove_record,
-                    int uid_lock_fd, remover_done_fn done, void *ud);
+/* Remove STATE_DIR/sessions/ID (id NULL: nothing to remove), then close uid_lock_fd
+ * (-1: none). With a record (core/record.c; the job owns it from here): it is written
+ * in state "closing" first, in the worker (a crash from then on leaves a record that says
+ * "remove me"), and removed after the root (a root is never left without one). done (may
+ * be NULL) runs on the loop thread, never from inside this call. */
+struct session_record;
+void remover_submit(struct remover *r, const char *state_dir, const char *id,
+                    struct session_record *record, int uid_lock_fd, remover_done_fn done,
+                    void *ud);
 /* Jobs not finished yet, retries included. */
 unsigned remover_pending(const struct remover *r);
 /* Stop retrying, wait for the walks under way, release everything. Jobs still queued

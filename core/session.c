@@ -498,17 +498,12 @@ void session_close_async(struct session *s, struct remover *r,
     if (s->root && s->keep_root && s->drop_user && s->uid_lock_fd >= 0)
         kept_record(s->uid, s->root);
     bool removing = s->root && !s->keep_root;
-    if (removing && s->record) {
-        /* a crash from here on leaves a record that says "remove me" */
-        s->record->state = RECORD_CLOSING;
-        if (session_record_save(s) < 0)
-            LOG_W("session %s: record: %s", s->id, strerror(errno));
-    }
-    /* the record goes only with the root (the job removes both, in that order) */
-    remover_submit(r, s->state_dir, removing ? s->id : NULL, removing && s->record,
+    /* the job marks the record closing, removes the root, then the record: until it
+     * starts, a crash leaves the session as it was (adopted at the next start) */
+    remover_submit(r, s->state_dir, removing ? s->id : NULL, removing ? s->record : NULL,
                    s->uid_lock_fd, done, ud);
     s->uid_lock_fd = -1;                /* the job's now */
-    if (s->record) {
+    if (s->record && !removing) {
         record_clear(s->record);
         free(s->record);
     }

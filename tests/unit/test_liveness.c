@@ -139,7 +139,7 @@ static void test_remover(void)
     struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
     struct remover *rm = remover_new(loop);
     struct removal got = {0};
-    remover_submit(rm, dir, "s1", false, lock, on_removed, &got);
+    remover_submit(rm, dir, "s1", NULL, lock, on_removed, &got);
     CHECK(got.calls == 0);          /* never from inside the submission */
     CHECK(remover_pending(rm) == 1);
     ev_run(loop, 0);                /* returns once the job has reported */
@@ -155,7 +155,7 @@ static void test_remover(void)
 
     /* nothing to remove: the uid alone is released, from the loop */
     struct removal none = {0};
-    remover_submit(rm, dir, NULL, false, -1, on_removed, &none);
+    remover_submit(rm, dir, NULL, NULL, -1, on_removed, &none);
     ev_run(loop, 0);
     CHECK(none.calls == 1 && none.removed);
     remover_free(rm);
