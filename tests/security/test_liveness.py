@@ -28,8 +28,9 @@ from noisy import (ATTACKS, Server, measure, raw_open_session, raw_read_response
                    raw_request)
 
 # B's worst latency under any attack: a bound, not a speed target (B alone answers in a
-# few milliseconds; the stalls this file guards against lasted seconds).
-B_BOUND = 1.0
+# few milliseconds; the stalls this file guards against lasted seconds). The sanitized
+# build runs the server two to three times slower, so its bound is twice as wide.
+B_BOUND = 2.0 if os.environ.get("STOCKADE_SANITIZED") else 1.0
 WAIT = 60.0
 
 
