@@ -21,6 +21,8 @@ struct job {
     remover_done_fn done;
     void *ud;
     bool removed;               /* the last attempt's outcome (worker -> loop) */
+    int record_errno, root_errno; /* its failures, logged by the loop: the log is not
+                                   * the workers' (its rate limit is unlocked state) */
     bool reported;              /* done() has run */
     unsigned attempts;
     int64_t retry_at_ms;
@@ -60,21 +62,20 @@ static void job_free(struct job *j)
 
 static bool job_attempt(struct job *j)
 {
+    j->record_errno = j->root_errno = 0;
     if (!j->id)
         return true;
     if (j->record && j->attempts == 0) {
         j->record->state = RECORD_CLOSING;
         if (record_write(j->state_dir, j->record, false) < 0)
-            LOG_W("session %s: record: %s", j->id, strerror(errno));
+            j->record_errno = errno;
     }
     if (root_remove(j->state_dir, j->id) == 0) {
         if (j->record && record_remove(j->state_dir, j->id) < 0)
-            LOG_W("session %s: record: %s", j->id, strerror(errno));
+            j->record_errno = errno;
         return true;
     }
-    if (j->attempts == 0)
-        LOG_E("session %s: could not remove all of its root yet (%s); retrying", j->id,
-              strerror(errno));
+    j->root_errno = errno;
     return false;
 }
 
@@ -176,6 +177,11 @@ static void on_wake(struct ev_loop *loop, ev_async *w, int revents)
     while (list) {
         struct job *j = list;
         list = j->next;
+        if (j->record_errno)
+            LOG_W("session %s: record: %s", j->id, strerror(j->record_errno));
+        if (j->root_errno && j->attempts == 0)
+            LOG_E("session %s: could not remove all of its root yet (%s); retrying", j->id,
+                  strerror(j->root_errno));
         j->attempts++;
         if (!j->reported) {
             j->reported = true;
