@@ -152,6 +152,7 @@ struct pending {
     json_t *args;               /* or NULL */
     unsigned session_seq;       /* the session it was sent in */
     bool resent;
+    bool held;                  /* waits for its session's open to be answered */
     struct pending *next;
 };
 
@@ -181,6 +182,7 @@ struct mcp {
     char nonce[17];
     unsigned session_seq;
     char *session_id;           /* NULL: none open (yet, or any more) */
+    bool opening;               /* its session.open is not answered yet */
     char *session_error;        /* why the last session.open failed, and its class */
     const char *session_error_class;
     bool session_error_retryable;
@@ -569,13 +571,14 @@ static msgpack_packer *request_begin(struct mcp *m, uint32_t msgid, const char *
     return pk;
 }
 
-/* The session is opened on first use, pipelined: the server handles one connection's
- * requests in order, so the call behind session.open finds it (or, if it failed,
- * answers NO_SUCH_SESSION). */
+/* The session is opened on first use. Calls wait for the open's answer: a strict
+ * session is answered once its zygote is up, and a call that overtook it would find no
+ * session (requests are handled concurrently, not in order). */
 static void session_ensure(struct mcp *m)
 {
     if (m->session_id)
         return;
+    m->opening = true;
     m->session_id = xasprintf("mcp-%s-%u", m->nonce, ++m->session_seq);
     struct pending *p = pending_add(m, PENDING_OPEN, NULL);
     msgpack_packer *pk = request_begin(m, p->msgid, "session.open",
@@ -583,6 +586,7 @@ static void session_ensure(struct mcp *m)
     rpc_pack_kv_str(pk, "session_id", m->session_id);
     if (m->opts.session_ttl_ms > 0)
         rpc_pack_kv_int(pk, "ttl_ms", m->opts.session_ttl_ms);
+    rpc_conn_flush(m->rpc);
 }
 
 /* What a call came to, from a result map, an error map, or decided here. */
@@ -732,6 +736,35 @@ static void answer_fused(struct mcp *m, const json_t *id)
                  "connection");
 }
 
+/* The open is answered: the calls that waited for it go, or learn why it failed. */
+static void release_held(struct mcp *m)
+{
+    for (struct pending **pp = &m->pending; *pp;) {
+        struct pending *p = *pp;
+        if (p->kind != PENDING_CALL || !p->held) {
+            pp = &p->next;
+            continue;
+        }
+        p->held = false;
+        if (m->session_id && !p->cancelled) {
+            call_send(m, p);
+            pp = &p->next;
+            continue;
+        }
+        *pp = p->next;
+        if (!p->cancelled) {
+            struct outcome o = {
+                .class = m->session_error_class ? m->session_error_class : "INTERNAL",
+                .retryable = m->session_error_retryable,
+                .message = m->session_error ? m->session_error : "could not open a session",
+            };
+            o.message_len = strlen(o.message);
+            answer_outcome(m, p->id, &o);
+        }
+        pending_free(p);
+    }
+}
+
 static void on_server_response(struct mcp *m, uint32_t msgid, const msgpack_object *err,
                                const msgpack_object *result)
 {
@@ -756,6 +789,8 @@ static void on_server_response(struct mcp *m, uint32_t msgid, const msgpack_obje
             m->session_id = NULL;   /* the next call tries again */
         }
         pending_free(p);
+        m->opening = false;
+        release_held(m);
         return;
     }
     if (!p->cancelled) {
@@ -1009,6 +1044,9 @@ static void call_send(struct mcp *m, struct pending *p)
 {
     session_ensure(m);
     p->session_seq = m->session_seq;
+    p->held = m->opening;
+    if (p->held)
+        return;
     bool has_args = p->structured || p->args;
     msgpack_packer *pk = request_begin(m, p->msgid, "call",
                                        2 + (has_args ? 1 : 0) + (p->progress_token ? 1 : 0));

@@ -324,3 +324,31 @@ def test_a_lapsed_lease_opens_a_fresh_session(stockade, state_dir):
         assert second["content"][0]["text"] != first
     finally:
         assert m.close() == 0
+
+
+def test_first_calls_wait_for_their_sessions_open(stockade, state_dir, level):
+    """Calls sent together, before the session exists, run in it once it is open: a
+    strict session is answered only when its zygote is up, and requests are handled
+    concurrently, so a call that overtook its session.open found no session."""
+    policy = POLICY
+    if level == "strict":
+        policy = os.path.join(state_dir, "strict.lua")
+        with open(POLICY) as f:
+            text = f.read()
+        assert 'isolation = "process"' in text
+        with open(policy, "w") as f:
+            f.write(text.replace('isolation = "process"', 'isolation = "strict"'))
+    m = Mcp(stockade, state_dir, policy=policy)
+    try:
+        m.initialize()
+        for i in (1, 2, 3):
+            m.send({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                    "params": {"name": "echo", "arguments": {"argv": [f"call{i}"]}}})
+        answers = {}
+        for _ in range(3):
+            r = m.recv()
+            answers[r["id"]] = r["result"]["structuredContent"]["class"]
+        assert answers == {1: "OK", 2: "OK", 3: "OK"}
+        m.ping()
+    finally:
+        m.close()
