@@ -11,17 +11,13 @@ import json
 import os
 import re
 import resource
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-POLICY = os.path.join(REPO_ROOT, "policies", "default.lua")
-FIXTURES = os.path.join(REPO_ROOT, "tests", "fixtures")
+from stockade_testlib import FIXTURES, POLICY, state_directory, stockade  # noqa: F401 (a fixture)
 
 # Upper bound on how long one `stockade run` may take before the test calls it hung.
 RUN_TIMEOUT = 30.0
@@ -101,39 +97,11 @@ def _run(cmd, env, timeout, input_bytes):
     return cp
 
 
-@pytest.fixture(scope="session")
-def stockade():
-    path = os.environ.get("STOCKADE_BIN") or os.path.join(REPO_ROOT, "stockade")
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        pytest.fail(f"stockade binary not found or not executable at {path} "
-                    f"(build it with `make` in {REPO_ROOT}, or set STOCKADE_BIN)")
-    return path
-
-
 @pytest.fixture
 def state_dir():
-    """A fresh state directory per test.
-
-    Not under pytest's tmp_path on purpose: that lives below /tmp/pytest-of-USER (mode
-    0700), which a tool running under its own uid could not traverse to reach its
-    workspace, and /tmp itself is replaced inside a strict sandbox. /var/tmp has neither
-    problem. The directory is canonical so it compares equal to what stockade reports.
-    """
-    base = os.environ.get("STOCKADE_TEST_TMPDIR", "/var/tmp")
-    path = os.path.realpath(tempfile.mkdtemp(prefix="stockade-it-", dir=base))
-    os.chmod(path, 0o755)
-    yield path
-
-    def onerror(func, p, exc_info):
-        # Directories left 0700 by another uid: make them removable, then retry once.
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=onerror)
+    """A fresh state directory per test (stockade_testlib.state_directory)."""
+    with state_directory("stockade-it-") as path:
+        yield path
 
 
 @pytest.fixture

@@ -7,25 +7,16 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 
 import pytest
 
-from serve_helpers import FIXTURES, REPO_ROOT, RPC_TIMEOUT, Client, wait_until
+from serve_helpers import RPC_TIMEOUT, Client, wait_until
+from stockade_testlib import FIXTURES, STOCKADE_BIN as BIN
 
 ALARMS = os.path.join(FIXTURES, "alarms.lua")
 ALARMS_RSS = os.path.join(FIXTURES, "alarms_rss.lua")
-BIN = os.environ.get("STOCKADE_BIN", os.path.join(REPO_ROOT, "stockade"))
 WAIT = 15.0  # the sampler runs every second; an alarm needs at most two samples
-
-
-@pytest.fixture
-def state_dir():
-    d = tempfile.mkdtemp(prefix="stockade-acct-", dir="/var/tmp")
-    os.chmod(d, 0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -30,8 +30,9 @@ import time
 
 import pytest
 
-from serve_helpers import FIXTURES, assert_marker_gone, clean_env, sessions_left, wait_until
+from serve_helpers import assert_marker_gone, clean_env, sessions_left, wait_until
 from stockade_client import Client, StockadeError
+from stockade_testlib import FIXTURES
 
 POLICIES = {"process": os.path.join(FIXTURES, "recovery_process.lua"),
             "strict": os.path.join(FIXTURES, "recovery_strict.lua")}

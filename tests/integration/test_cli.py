@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from conftest import FIXTURES, POLICY, REPO_ROOT, RUN_TIMEOUT
+from conftest import RUN_TIMEOUT
+from stockade_testlib import FIXTURES, POLICY
 
 SUBCOMMANDS = ["run", "serve", "mcp", "sessions", "test", "check", "diff", "dry-run", "budget",
                "doctor", "soak", "version"]

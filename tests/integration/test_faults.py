@@ -17,8 +17,9 @@ import time
 
 import pytest
 
-from serve_helpers import FIXTURES, children, clean_env, fd_count, proc_state, wait_until
+from serve_helpers import children, clean_env, fd_count, proc_state, wait_until
 from stockade_client import StockadeError
+from stockade_testlib import FIXTURES
 
 PROCESS_POLICY = os.path.join(FIXTURES, "recovery_process.lua")
 STRICT_POLICY = os.path.join(FIXTURES, "recovery_strict.lua")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import FIXTURES
+from stockade_testlib import FIXTURES
 
 POLICY = os.path.join(FIXTURES, "mcp.lua")
 BOUND = 20.0    # seconds: an answer slower than this is a hang

@@ -5,26 +5,23 @@ running call finishes under the one it started with."""
 import os
 import shutil
 import subprocess
-import tempfile
 
 import pytest
 
-from serve_helpers import FIXTURES, REPO_ROOT, RPC_TIMEOUT, Client
+from serve_helpers import RPC_TIMEOUT, Client
+from stockade_testlib import FIXTURES, STOCKADE_BIN as BIN
 
-BIN = os.environ.get("STOCKADE_BIN", os.path.join(REPO_ROOT, "stockade"))
 HOSTILE = os.path.join(FIXTURES, "hostile.lua")
 GEN_A = os.path.join(FIXTURES, "reload_gen_a.lua")
 GEN_B = os.path.join(FIXTURES, "reload_gen_b.lua")
 
 
 @pytest.fixture
-def serve():
-    state = tempfile.mkdtemp(prefix="stockade-engine-", dir="/var/tmp")
-    os.chmod(state, 0o755)
+def serve(state_dir):
     clients = []
 
     def start(policy):
-        c = Client.spawn([BIN, "serve", "--policy", policy, "--state-dir", state],
+        c = Client.spawn([BIN, "serve", "--policy", policy, "--state-dir", state_dir],
                          rpc_timeout=RPC_TIMEOUT, stderr=subprocess.DEVNULL)
         clients.append(c)
         return c
@@ -32,7 +29,6 @@ def serve():
     yield start
     for c in clients:
         c.close()
-    shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.mark.parametrize("tool", ["loop", "swallow", "bomb", "global", "errerr", "wrongtype"])

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO_ROOT
+from stockade_testlib import REPO_ROOT
 
 import stockade_client
 from stockade_client import (AsyncCallHandle, AsyncClient, AsyncSession, CallHandle, CallResult,

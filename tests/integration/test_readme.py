@@ -4,7 +4,7 @@ import os
 import re
 import subprocess
 
-from conftest import REPO_ROOT
+from stockade_testlib import REPO_ROOT
 from serve_helpers import clean_env
 
 

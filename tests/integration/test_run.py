@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from conftest import FIXTURES, RUN_TIMEOUT, grace_seconds, output_cap
+from conftest import RUN_TIMEOUT, grace_seconds, output_cap
+from stockade_testlib import FIXTURES, alive, cmdline, kill_pids, live_with_marker
 
 ACCEPT_POLICY = os.path.join(FIXTURES, "accept.lua")
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -50,44 +51,12 @@ def nonce():
 
     yield _new
     for n in issued:
-        for p in live_with_marker(n):
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_pids(live_with_marker(n))
 
 
 def sessions_left(state_dir):
     d = os.path.join(state_dir, "sessions")
     return sorted(os.listdir(d)) if os.path.isdir(d) else []
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
-def _state(pid):
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return b""
-
-
-def live_with_marker(marker):
-    """Pids of live (non-zombie) host processes whose command line holds `marker`."""
-    me = os.getpid()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        if marker.encode() in _cmdline(name) and _state(name) not in (b"Z", b"X"):
-            found.append(int(name))
-    return found
 
 
 def assert_processes_gone(marker, printed_pid=None, bound=3.0):
@@ -97,20 +66,16 @@ def assert_processes_gone(marker, printed_pid=None, bound=3.0):
     is recorded, so a failing run does not leave them on the machine."""
     end = time.monotonic() + bound
     while True:
-        alive = live_with_marker(marker)
-        pid_alive = printed_pid is not None and marker.encode() in _cmdline(printed_pid) \
-            and _state(printed_pid) not in (b"Z", b"X")
-        if not alive and not pid_alive:
+        survivors = live_with_marker(marker)
+        pid_alive = printed_pid is not None and marker.encode() in cmdline(printed_pid) \
+            and alive(printed_pid)
+        if not survivors and not pid_alive:
             return
         if time.monotonic() > end:
             break
         time.sleep(0.05)
-    details = {p: _cmdline(p).replace(b"\0", b" ") for p in alive}
-    for p in alive:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
+    details = {p: cmdline(p).replace(b"\0", b" ") for p in survivors}
+    kill_pids(survivors)
     pytest.fail(f"processes of the call survived it (printed pid {printed_pid}): {details}")
 
 

@@ -3,25 +3,20 @@
 the next start. systemd itself is not needed: the test plays its part."""
 import json
 import os
-import shutil
 import socket
 import subprocess
-import tempfile
 
 import pytest
 
-from conftest import POLICY, REPO_ROOT
+from stockade_testlib import POLICY, STOCKADE_BIN as BIN, state_directory
 from serve_helpers import Client
 
-BIN = os.environ.get("STOCKADE_BIN", os.path.join(REPO_ROOT, "stockade"))
 
 
 @pytest.fixture
 def tmp():
-    d = tempfile.mkdtemp(prefix="stockade-svc-", dir="/var/tmp")
-    os.chmod(d, 0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    with state_directory("stockade-svc-") as d:
+        yield d
 
 
 def notifications(sock, until, timeout=20.0):

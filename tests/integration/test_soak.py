@@ -16,13 +16,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONTRIB = os.path.join(REPO_ROOT, "contrib", "python")
+from stockade_testlib import CONTRIB_PYTHON as CONTRIB, POLICY as DEFAULT_POLICY, REPO_ROOT
+
 SOAK_DIR = os.path.join(REPO_ROOT, "contrib", "soak")
-DEFAULT_POLICY = os.path.join(REPO_ROOT, "policies", "default.lua")
-for d in (CONTRIB, SOAK_DIR):
-    if d not in sys.path:
-        sys.path.insert(0, d)
+if SOAK_DIR not in sys.path:
+    sys.path.insert(0, SOAK_DIR)
 
 import stockade_soak as soak  # noqa: E402
 

@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-from serve_helpers import FIXTURES, ServeProc, sessions_left, wait_until
+from serve_helpers import ServeProc, sessions_left, wait_until
 from stockade_client import Client, ConnectionClosed
+from stockade_testlib import FIXTURES
 
 POLICY = os.path.join(FIXTURES, "recovery_process.lua")
 STRICT_POLICY = os.path.join(FIXTURES, "recovery_strict.lua")

@@ -9,8 +9,10 @@ import os
 import pytest
 
 import corpus
+from serve_helpers import ServeProc
+from stockade_testlib import FIXTURES, PLUGINS, state_directory
 
-SECRETS_POLICY = os.path.join(corpus.REPO_ROOT, "tests", "fixtures", "redact_secrets.lua")
+SECRETS_POLICY = os.path.join(FIXTURES, "redact_secrets.lua")
 
 RPC_TIMEOUT = 120
 
@@ -28,17 +30,13 @@ CASES = first_case_per_family()
 
 @pytest.fixture(scope="module")
 def session(request, stockade, tmp_path_factory):
-    from serve_helpers import ServeProc
-    import shutil
-    import tempfile
-    state = os.path.realpath(tempfile.mkdtemp(prefix="stockade-rd-", dir="/var/tmp"))
-    os.chmod(state, 0o755)
-    srv = ServeProc(stockade, state, SECRETS_POLICY, log_dir=str(tmp_path_factory.mktemp("log")),
-                    extra_env={"STOCKADE_PLUGIN_PATH": os.environ.get(
-                        "STOCKADE_PLUGIN_PATH", os.path.join(corpus.REPO_ROOT, "plugins"))})
-    yield srv.client.open_session()
-    srv.stop()
-    shutil.rmtree(state, ignore_errors=True)
+    with state_directory("stockade-rd-") as state:
+        srv = ServeProc(stockade, state, SECRETS_POLICY,
+                        log_dir=str(tmp_path_factory.mktemp("log")),
+                        extra_env={"STOCKADE_PLUGIN_PATH": os.environ.get(
+                            "STOCKADE_PLUGIN_PATH", PLUGINS)})
+        yield srv.client.open_session()
+        srv.stop()
 
 
 # Ordinary text before each case, so that the stream has something to deliver before

@@ -16,8 +16,9 @@ Ground rules the fixtures enforce:
 - bombs are bounded twice: by the policy under test (sec_bomb_*.lua) and by a harness
   limit that does not depend on stockade (a pids cgroup, a wall clock).
 
-This file copies what it needs from tests/integration/conftest.py rather than importing
-it: both are named `conftest` and pytest must not confuse them.
+What the suites share (paths, the binary, state directories, /proc) comes from
+tests/stockade_testlib.py; this file must not import tests/integration/conftest.py: both
+are named `conftest` and pytest must not confuse them.
 """
 
 import contextlib
@@ -36,8 +37,10 @@ import time
 
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FIXTURES = os.path.join(REPO_ROOT, "tests", "fixtures")
+from stockade_testlib import (FIXTURES, alive, all_pids, cmdline, force_rmtree,  # noqa: F401
+                              kill_pids, live_with_marker, proc_stat, state_directory,
+                              stockade)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 LEVELS = ("strict", "process")
@@ -72,15 +75,6 @@ def strict_only(reason):
 
 
 @pytest.fixture(scope="session")
-def stockade():
-    path = os.environ.get("STOCKADE_BIN") or os.path.join(REPO_ROOT, "stockade")
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        pytest.fail(f"stockade binary not found or not executable at {path} "
-                    f"(build it with `make` in {REPO_ROOT}, or set STOCKADE_BIN)")
-    return path
-
-
-@pytest.fixture(scope="session")
 def host_levels(stockade):
     """{level: None or why this host cannot give it}, as `stockade doctor --json` says."""
     cp = subprocess.run([stockade, "doctor", "--json"], capture_output=True, text=True,
@@ -107,23 +101,6 @@ def _need_root():
 # ---------------------------------------------------------------- host paths
 
 
-def _force_rmtree(path):
-    def onerror(func, p, exc_info):
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    elif os.path.isdir(path):
-        shutil.rmtree(path, onerror=onerror)
-
-
 @pytest.fixture
 def cleanup():
     """cleanup(path) registers an exact host path (file or dir) to remove at teardown,
@@ -131,18 +108,14 @@ def cleanup():
     paths = []
     yield paths.append
     for p in reversed(paths):
-        _force_rmtree(p)
+        force_rmtree(p)
 
 
 @pytest.fixture
 def state_dir():
-    """A fresh state dir per test, under /var/tmp like the integration tests (the tool's
-    uid must be able to traverse to its root; pytest's tmp_path is 0700)."""
-    base = os.environ.get("STOCKADE_TEST_TMPDIR", "/var/tmp")
-    path = os.path.realpath(tempfile.mkdtemp(prefix="stockade-sec-", dir=base))
-    os.chmod(path, 0o755)
-    yield path
-    _force_rmtree(path)
+    """A fresh state dir per test (stockade_testlib.state_directory)."""
+    with state_directory("stockade-sec-") as path:
+        yield path
 
 
 def mkdir_mode(base, mode, prefix="stockade-sec-"):
@@ -193,41 +166,6 @@ def as_nobody(script, timeout=20, input=None):
 
 
 # ---------------------------------------------------------------- processes
-
-
-def cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
-def proc_stat(pid):
-    """(state, ppid, starttime) of a pid, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            rest = f.read().rsplit(b")", 1)[1].split()
-        return rest[0], int(rest[1]), int(rest[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def alive(pid, starttime=None):
-    st = proc_stat(pid)
-    if st is None or st[0] in (b"Z", b"X"):
-        return False
-    return starttime is None or st[2] == starttime
-
-
-def all_pids():
-    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
-
-
-def live_with_marker(marker):
-    me = os.getpid()
-    return [p for p in all_pids()
-            if p != me and marker.encode() in cmdline(p) and alive(p)]
 
 
 def sleepers(marker):
@@ -291,14 +229,6 @@ def wait_until(pred, bound, step=0.05):
         if v or time.monotonic() > end:
             return v
         time.sleep(step)
-
-
-def kill_pids(pids):
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 @pytest.fixture
@@ -516,7 +446,7 @@ def secprobe():
         os.chmod(exe, 0o755)
         yield exe
     finally:
-        _force_rmtree(d)
+        force_rmtree(d)
 
 
 # ---------------------------------------------------------------- listeners

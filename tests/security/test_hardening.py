@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 
-from conftest import (FIXTURES, NOBODY, RUN_TIMEOUT, VISIBLE_BASE, Stockade, _force_rmtree,
+from conftest import (FIXTURES, NOBODY, RUN_TIMEOUT, VISIBLE_BASE, Stockade, force_rmtree,
                       descendants, mkdir_mode, proc_stat, read_bytes, strict_only, token,
                       wait_until, write_file)
 
@@ -361,7 +361,7 @@ def test_tmp_writable_with_state_dir_under_tmp(stockade, level):
             ["sh", "-c", "echo hello > /tmp/f && cat /tmp/f"], policy=os.path.join(FIXTURES, "sec_strict.lua"))
         assert r.json["class"] == "OK" and "hello" in r.out, r
     finally:
-        _force_rmtree(state)
+        force_rmtree(state)
 
 
 @strict_only("the mount tree")

@@ -1,6 +1,6 @@
-"""Helpers for tests/integration/test_serve.py: start `stockade serve` (stdio or
---listen unix:PATH), talk to it with the Python client or with raw msgpack bytes, and
-observe it from the host (/proc). Every wait here is bounded."""
+"""Helpers for the suites that drive `stockade serve` (tests/integration, tests/redact):
+start it (stdio or --listen unix:PATH), talk to it with the Python client or with raw
+msgpack bytes, and observe it from the host (/proc). Every wait here is bounded."""
 
 import errno
 import os
@@ -10,21 +10,14 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 
 import msgpack
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-POLICY = os.path.join(REPO_ROOT, "policies", "default.lua")
-FIXTURES = os.path.join(REPO_ROOT, "tests", "fixtures")
-_CONTRIB = os.path.join(REPO_ROOT, "contrib", "python")
-if _CONTRIB not in sys.path:
-    sys.path.insert(0, _CONTRIB)
-
-from stockade_client import Client  # noqa: E402
+from stockade_client import Client
+from stockade_testlib import FIXTURES, POLICY, REPO_ROOT, cmdline, kill_pids, live_with_marker, proc_stat  # noqa: F401
 
 # Bound on waiting for one response that should come promptly.
 RPC_TIMEOUT = 30.0
@@ -75,36 +68,14 @@ def _read(path, mode="rb"):
         return b"" if "b" in mode else ""
 
 
-def cmdline(pid):
-    return _read(f"/proc/{pid}/cmdline")
-
-
 def proc_state(pid):
-    data = _read(f"/proc/{pid}/stat")
-    try:
-        rest = data.rsplit(b")", 1)[1].split()
-        return rest[0], int(rest[1])   # state, ppid
-    except (IndexError, ValueError):
-        return b"", 0
-
-
-def live_with_marker(marker):
-    me = os.getpid()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        if marker.encode() in cmdline(name) and proc_state(name)[0] not in (b"Z", b"X"):
-            out.append(int(name))
-    return out
+    """(state, ppid) of pid; (b"", 0) once it is gone."""
+    st = proc_stat(pid)
+    return st[:2] if st else (b"", 0)
 
 
 def kill_marker(marker):
-    for p in live_with_marker(marker):
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
+    kill_pids(live_with_marker(marker))
 
 
 def assert_marker_gone(marker, bound=10.0):
