@@ -56,22 +56,40 @@ def caught(case, out):
     return True
 
 
+# The two halves of the corpus: the cases the rules were written with (make_corpus.py)
+# and the public rule sets' own test lists, imported afterwards (import_rulesets.py).
+SETS = {"written": ("positives.jsonl", "negatives.jsonl"),
+        "held-out": ("heldout-positives.jsonl", "heldout-negatives.jsonl")}
+
+
 def evaluate(stockade, chunk=0):
-    """{"families": {family: (caught, total)}, "negatives": (intact, total),
-    "missed": [cases], "damaged": [(case, out)]}"""
-    pos, neg = load("positives.jsonl"), load("negatives.jsonl")
-    outs = redact_texts(stockade, [c["text"] for c in pos] + [c["text"] for c in neg], chunk)
-    fams, missed, damaged = {}, [], []
-    for c, out in zip(pos, outs[:len(pos)]):
-        ok = caught(c, out)
-        got, total = fams.get(c["family"], (0, 0))
-        fams[c["family"]] = (got + ok, total + 1)
+    """{set: {"families": {family: (caught, total)}, "negatives": (intact, total),
+    "negatives_by_family": {family: (intact, total)}, "look_alikes": (intact, total),
+    "missed": [(case, out)], "damaged": [(case, out)]}} for each set of SETS. A
+    negative of kind "look-alike" (a real-format key a rule set rejects only by value,
+    or another family's secret) is counted apart, not as damage."""
+    cases = []
+    for name, (pf, nf) in SETS.items():
+        cases += [(name, True, c) for c in load(pf)] + [(name, False, c) for c in load(nf)]
+    outs = redact_texts(stockade, [c["text"] for _, _, c in cases], chunk)
+    res = {name: {"families": {}, "negatives": (0, 0), "negatives_by_family": {},
+                  "look_alikes": (0, 0), "missed": [], "damaged": []} for name in SETS}
+    for (name, positive, c), out in zip(cases, outs):
+        r = res[name]
+        if positive:
+            ok = caught(c, out)
+            got, total = r["families"].get(c["family"], (0, 0))
+            r["families"][c["family"]] = (got + ok, total + 1)
+            if not ok:
+                r["missed"].append((c, out))
+            continue
+        ok = out == c["text"].encode()
+        if c.get("kind") == "look-alike":
+            r["look_alikes"] = (r["look_alikes"][0] + ok, r["look_alikes"][1] + 1)
+            continue
+        r["negatives"] = (r["negatives"][0] + ok, r["negatives"][1] + 1)
+        got, total = r["negatives_by_family"].get(c["family"], (0, 0))
+        r["negatives_by_family"][c["family"]] = (got + ok, total + 1)
         if not ok:
-            missed.append((c, out))
-    intact = 0
-    for c, out in zip(neg, outs[len(pos):]):
-        if out == c["text"].encode():
-            intact += 1
-        else:
-            damaged.append((c, out))
-    return {"families": fams, "negatives": (intact, len(neg)), "missed": missed, "damaged": damaged}
+            r["damaged"].append((c, out))
+    return res
