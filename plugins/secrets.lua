@@ -50,11 +50,15 @@ end
 local NOT_AFTER_TOKEN = [[(?<![A-Za-z0-9_-])]]
 local NOT_BEFORE_TOKEN = [[(?![A-Za-z0-9_-])]]
 
--- A token: `open` (a literal or an alternation), then `body`; both frontiers.
+-- A token: `open` (a literal or an alternation), then `body`; both frontiers. What
+-- follows the prefix is not a placeholder: "xxxx" (a few characters in, as in
+-- "glrt-tx_xxxx...") or one character six times ("AIzaaaaaaa...", gitleaks' entropy
+-- gate for the same false positives).
+local NOT_PLACEHOLDER_BODY = [[(?![A-Za-z0-9_-]{0,3}(?i:x{4})|(?<rep>[A-Za-z0-9])\k<rep>{5})]]
 local function token(t)
   add {
     name = t.name, kind = t.kind, open = t.open,
-    regex = (t.lead or NOT_AFTER_TOKEN) .. "(?:" .. t.open .. ")" .. t.body
+    regex = (t.lead or NOT_AFTER_TOKEN) .. "(?:" .. t.open .. ")" .. NOT_PLACEHOLDER_BODY .. t.body
             .. (t.tail or NOT_BEFORE_TOKEN),
   }
 end
@@ -78,21 +82,25 @@ add {
   open = "-----BEGIN " .. PEM_LABEL,
   regex = "-----BEGIN " .. PEM_LABEL
           .. "(?=(?:" .. NL .. LEAD .. HEADER .. ")*+(?:" .. NL .. LEAD .. ")?" .. NL .. LEAD
-          .. "[A-Za-z0-9+/=]{16})"
+          .. "(?:[A-Za-z0-9+/=]|\\\\/){16})"
           .. "(?:" .. NL .. "(?!" .. LEAD .. "-----)" .. LEAD
-          .. "(?:" .. HEADER .. "|[A-Za-z0-9+/=]*+[ \t]*+))*+"
+          .. "(?:" .. HEADER .. "|(?:[A-Za-z0-9+/=]|\\\\/)*+[ \t]*+))*+"
           .. NL .. LEAD .. "-----END " .. PEM_LABEL,
 }
 
 -- ---- JWT ---------------------------------------------------------------------------------
 -- gitleaks "jwt": \b(ey[a-zA-Z0-9]{17,}\.ey[a-zA-Z0-9\/\\_-]{17,}\.(?:[a-zA-Z0-9\/\\_-]
--- {10,}={0,2})?). header.payload.signature in base64url; the signature may be empty
--- (alg "none"). The header is at most 4 KiB and the payload 64 KiB, so that a long
--- base64url run that merely starts with "eyJ" is let go once it is longer, not held
--- to its end.
+-- {10,}={0,2})?). header.payload.signature in base64url (some libraries: base64, so
+-- "/" and "+"); the signature may be empty (alg "none") or, when the payload starts
+-- "ey" too, missing (detect-secrets jwt). The header starts "eyJ" or "ey" and 17
+-- alphanumerics (gitleaks). The header is at most 4 KiB and the payload 64 KiB, so
+-- that a long base64url run that merely starts with "eyJ" is let go once it is
+-- longer, not held to its end.
+local JWT_PART = "[A-Za-z0-9_/+-]"
 add {
-  name = "jwt", open = "eyJ",
-  regex = NOT_AFTER_TOKEN .. [[eyJ[A-Za-z0-9_-]{10,4096}+\.[A-Za-z0-9_-]{8,65535}+\.[A-Za-z0-9_-]*+={0,2}]],
+  name = "jwt", open = "ey(?:J|[A-Za-z0-9]{17})",
+  regex = NOT_AFTER_TOKEN .. [[ey(?=J|[A-Za-z0-9]{17})[A-Za-z0-9_-]{10,4096}+\.(?:ey]] .. JWT_PART
+          .. "{6,65535}+(?:\\." .. JWT_PART .. "*+={0,2})?|" .. JWT_PART .. "{8,65535}+\\." .. JWT_PART .. "*+={0,2})",
 }
 
 -- ---- AI providers ---------------------------------------------------------------------------
@@ -106,13 +114,20 @@ token { name = "openai-project-key", kind = "openai-api-key", open = "sk-(?:proj
         body = "[A-Za-z0-9_-]{20,300}+" }
 token { name = "openai-api-key", open = "sk-", body = "[A-Za-z0-9]{20}[A-Za-z0-9_-]{0,280}+" }
 -- gitleaks "huggingface-access-token", "huggingface-organization-api-token";
--- trufflehog huggingface: \b(?:hf_|api_org_)[a-zA-Z0-9]{34}\b
-token { name = "huggingface-token", open = "hf_|api_org_", body = "[A-Za-z0-9]{30,64}+" }
+-- trufflehog huggingface: \b(?:hf_|api_org_)[a-zA-Z0-9]{34}\b (here 34..40: longer runs are
+-- identifiers, "hf_requiredCharacteristicTypesForDisplayMetadata", a gitleaks fp)
+token { name = "huggingface-token", open = "hf_|api_org_", body = "[A-Za-z0-9]{34,40}+" }
 
 -- ---- AWS ------------------------------------------------------------------------------------
 -- gitleaks "aws-access-token": \b((?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)[A-Z2-7]{16})\b
 token { name = "aws-access-key", open = "AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9]", body = "[A-Z0-9]{16}",
         lead = "(?<![A-Za-z0-9])", tail = "(?![A-Za-z0-9])" }
+-- gitleaks "aws-amazon-bedrock-api-key-long-lived" / "-short-lived": ABSK + base64 of
+-- "BedrockAPIKey-...", and "bedrock-api-key-" + base64 of "bedrock.amazonaws.com...".
+token { name = "aws-bedrock-api-key", open = "ABSKQmVkcm9ja0FQSUtleS", body = "[A-Za-z0-9+/]{80,400}+={0,2}",
+        tail = "(?![A-Za-z0-9+/=])" }
+token { name = "aws-bedrock-short-lived-key", kind = "aws-bedrock-api-key",
+        open = "bedrock-api-key-YmVkcm9jay5hbWF6b25hd3MuY29t", body = "[A-Za-z0-9+/=%&_-]*+" }
 -- Secret access keys: 40 base64 characters are any hash (trufflehog aws/common.go
 -- SecretPat), so only beside their names: ~/.aws/credentials, env, `aws configure
 -- export-credentials` JSON. The name and separator stay.
@@ -163,7 +178,7 @@ add {
 add {
   name = "azure-client-secret",
   open = [[[A-Za-z0-9_~.]{3}[0-9]Q~]],
-  regex = [[(?<![A-Za-z0-9_~.-])[A-Za-z0-9_~.]{3}[0-9]Q~[A-Za-z0-9_~.-]{31,34}(?![A-Za-z0-9_~.-])]],
+  regex = [[(?<![A-Za-z0-9_~.-])[A-Za-z0-9_~.]{3}[0-9]Q~(?!(?i:x{6}))[A-Za-z0-9_~.-]{31,34}(?![A-Za-z0-9_~.-])]],
 }
 
 -- ---- GitHub, GitLab, Atlassian/Bitbucket ------------------------------------------------------------
@@ -178,6 +193,9 @@ token { name = "github-token", open = "gh[pousr]_", body = "[A-Za-z0-9]{36,255}+
 -- registration; routable tokens end in ".<2><7>".
 token { name = "gitlab-token", open = "gl(?:pat|dt|ft|soat|rt|cbt|imt|ptt|agent|oas|ffct)-",
         body = [[[A-Za-z0-9_-]{20,1024}+(?:\.[0-9a-z]{2}[0-9a-z]{7})?]] }
+-- gitleaks "gitlab-session-cookie": _gitlab_session=[0-9a-z]{32}
+token { name = "gitlab-session-cookie", kind = "gitlab-token", open = "_gitlab_session=",
+        body = "[0-9a-z]{32}", lead = "(?<![A-Za-z0-9])" }
 token { name = "gitlab-runner-registration-token", kind = "gitlab-token", open = "GR1348941",
         body = "[A-Za-z0-9_-]{20,64}+" }
 -- gitleaks "atlassian-api-token": ATATT3[A-Za-z0-9_\-=]{186}; trufflehog atlassian v2
@@ -191,6 +209,10 @@ token { name = "atlassian-token", open = "ATATT3|ATCTT3|ATBB", body = "[A-Za-z0-
 -- positive "xoxb-12345-abcd234" stays).
 token { name = "slack-token", open = [[xox[abeoprs]-|xapp-|xoxe\.xox[bp]-]],
         body = "[A-Za-z0-9-]{20,600}+" }
+-- gitleaks "slack-legacy-workspace-token": xox[ar]-(?:\d-)?[0-9a-zA-Z]{8,48}, shorter than
+-- the others.
+token { name = "slack-legacy-workspace-token", kind = "slack-token", open = "xox[ar]-",
+        body = "(?:[0-9]-)?[0-9a-zA-Z]{8,48}" }
 -- gitleaks "slack-webhook-url": hooks.slack.com/(services|workflows|triggers)/...
 add {
   name = "slack-webhook",
@@ -205,7 +227,7 @@ token { name = "npm-token", open = "npm_", body = "[A-Za-z0-9]{36}" }
 add {
   name = "npmrc-auth", kind = "npm-token",
   open = [[:_(?:authToken|auth|password)]],
-  regex = [[:_(?:authToken|auth|password)[ \t]*=[ \t]*["']?(?<secret>[^\s"']{6,}+)]],
+  regex = [[:_(?:authToken|auth|password)[ \t]*=[ \t]*["']?]] .. "(?!\\$)" .. [[(?<secret>[^\s"']{6,}+)]],
 }
 -- gitleaks "pypi-upload-token": pypi-AgEIcHlwaS5vcmc[\w-]{50,1000}
 token { name = "pypi-token", open = "pypi-AgE", body = "[A-Za-z0-9_-]{50,2000}+" }
@@ -257,13 +279,23 @@ add {
   regex = [[(?i)(?:(?<=[;?&])(?:password|pwd)[ \t]{0,4}=[ \t]*|(?<=[ \t])(?:password|pwd)=(?=[^;&\s"',()]*?[0-9!#$%^*+/=?@~-]))'?]]
           .. PLACEHOLDER .. [[(?<secret>(?<=')[^'\r\n]{1,512}+|[^;&\s"',()][^;&\s"',()]{0,511}+)]],
 }
--- .netrc (and curl's --netrc-file): machine HOST login USER password PASSWORD, the
--- "machine" at the start of a line and a login before the password ("machine learning
--- password manager" is prose).
+-- .netrc (and curl's --netrc-file): machine HOST login USER password PASSWORD, or the
+-- "default" entry (default login USER password PASSWORD); the "machine" or "default"
+-- at the start of a line and a login before the password ("machine learning password
+-- manager" is prose). A password of letters only needs 12 of them ("machine
+-- translation / login page / password reset" is prose too).
 add {
   name = "netrc-password", kind = "password",
-  open = "machine",
-  regex = [[(?m)(?<=^|^ |^  |^\t)machine[ \t]+\S+(?:\s+(?:login|account|port)[ \t]+\S+)+\s+password[ \t]+(?<secret>\S+)]],
+  open = "machine|default",
+  regex = [[(?m)(?<=^|^ |^  |^\t)(?:machine[ \t]+\S+|default)(?:\s+(?:login|account|port)[ \t]+\S+)+\s+password[ \t]+]]
+          .. [[(?=\S*[^A-Za-z\s]|\S{12})(?<secret>\S+)]],
+}
+-- kubeadm bootstrap tokens (kubeadm join --token, a kubeconfig's token:):
+-- [a-z0-9]{6}.[a-z0-9]{16}, beside their name.
+add {
+  name = "kubeadm-token", kind = "secret",
+  open = [[(?i)token]],
+  regex = [[(?i)token["']?(?:[ \t]*[:=][ \t]*|[ \t]+)["']?(?<secret>(?-i:[a-z0-9]{6}\.[a-z0-9]{16}))(?![A-Za-z0-9_.-])]],
 }
 -- kubeconfig (gitleaks kubernetes-secret-yaml, for Secret data; here the user's
 -- client-key-data, a base64 private key) and docker's config.json "auths" (trufflehog
@@ -287,20 +319,22 @@ add {
 -- names in minified code ('"X-Api-Key":t.apiKey,') are not headers. gitleaks "curl-auth-header" for the shapes
 -- (-H "Authorization: ...", X-Api-Key, X-Auth-Token). Placeholders ($TOKEN, <token>,
 -- {{token}}) are left alone.
-local CRED = [==[(?![$<{%*])(?=[A-Za-z0-9._~+/=:%-]{0,19}+[0-9]|[A-Za-z0-9._~+/=:%-]{20})]==]
-  .. [==[(?<secret>[A-Za-z0-9._~+/=:%-]{8,}+(?:,[ \t]*[A-Za-z]+=[^\s,"'`]++)*+)(?=[\s"'`,;]|$)]==]
+local CRED = [==[(?![$<{%*])(?=[A-Za-z0-9._~+/=:%@-]{0,19}?[0-9]|[A-Za-z0-9._~+/=:%@-]{20}|[A-Za-z0-9+/]{6,}+={1,2}(?:[\s"'`,;]|$))]==]
+  .. [==[(?<secret>[A-Za-z0-9._~+/=:%@-]{8,}+(?:,[ \t]*[A-Za-z]+=[^\s,"'`]++)*+)(?=[\s"'`,;\\]|$)]==]
 add {
   name = "authorization",
   open = [[(?i)(?:proxy-)?authorization]],
   regex = [[(?i)(?:proxy-)?authorization(?:[ \t]*:|["'][ \t]*(?:=>|:|=))[ \t]*["']?]]
-          .. [[(?:(?:bearer|basic|token|digest|negotiate|ntlm|apikey|api-key|sso-key|aws4-hmac-sha256|otp|key)[ \t]+)?]]
+          .. [[(?:(?:bearer|basic|token|api-token|digest|negotiate|ntlm|apikey|api-key|sso-key|aws4-hmac-sha256|otp|key)[ \t]+)?]]
           .. CRED,
 }
+-- Without the "X-" (apikey:, Api-Token:, PRIVATE-TOKEN:) only as a header inside quotes,
+-- as in curl -H "...": a YAML "apikey:" is the generic entries' business.
 add {
   name = "api-key-header", kind = "authorization",
-  open = [[(?i)x-(?:[a-z]{1,20}-)?(?:api-?key|auth-?token|access-?token|token|key|secret)]],
-  regex = [[(?i)x-(?:[a-z]{1,20}-)?(?:api-?key|auth-?token|access-?token|token|key|secret)["']?[ \t]*:[ \t]*["']?]]
-          .. CRED,
+  open = [[(?i)(?:x-(?:[a-z]{1,20}-)?(?:api-?key|auth-?token|access-?token|token|key|secret)|api-?(?:key|token)|private-token)]],
+  regex = [[(?i)(?:x-(?:[a-z]{1,20}-)?(?:api-?key|auth-?token|access-?token|token|key|secret)|(?<=["'])(?:api-?(?:key|token)|private-token))]]
+          .. [[["']?[ \t]*:[ \t]*["']?]] .. CRED,
 }
 -- Cookies (request and response): the value after the name goes, when it looks like a
 -- session id (16+ characters, a digit): "Set-Cookie: fig=newton" in a doctest stays.
@@ -310,10 +344,19 @@ add {
   regex = [[(?i)(?:set-)?cookie:[ \t]*[A-Za-z0-9_.!#$%&'*+^`|~-]{1,128}+=(?=[^;\s\\"']*[0-9])(?<secret>[^;\s\\"']{16,}+)]],
 }
 -- gitleaks "curl-auth-user": curl ... -u USER:PASSWORD (the password goes).
+-- The command may go on over "\"-continued lines; the user may be empty or quoted on
+-- its own ("{id}":"{secret}"); placeholders stay (user:password, <user:password>,
+-- ${PASS}, [PASSWORD], {{ .Values.password }}).
 add {
   name = "curl-user", kind = "password",
   open = [[curl]],
-  regex = [[curl(?![A-Za-z0-9_-])[^\r\n]{0,4096}?[ \t](?:-u|--user)(?:=|[ \t]{1,5})["']?[^\s:"']{1,256}:(?![$<{\[%])(?<secret>[^\s"']{6,}+)]],
+  regex = [[curl(?![A-Za-z0-9_-])(?:[^\r\n]{0,1024}?\\\r?\n){0,5}?[^\r\n]{0,1024}?[ \t](?:-u|--user)(?:=|[ \t]{1,5})["']?[^\s:"'<]{0,256}+["']?:["']?]]
+          .. [[(?![$<\[%]|\{\{|(?:pass(?:word)?|pwd|token|secret)(?:["'\s>]|$))(?<secret>[^\s"']{6,}+)]],
+}
+add {
+  name = "curl-oauth2-bearer", kind = "authorization",
+  open = [[--oauth2-bearer]],
+  regex = [[--oauth2-bearer(?:=|[ \t]{1,5})["']?(?![$<{%])(?<secret>[^\s"']{8,}+)]],
 }
 
 -- ---- generic assignments ----------------------------------------------------------------------------------
@@ -343,28 +386,47 @@ add {
 -- quoted value gone adds its own entry, one that wants fewer drops these by name
 -- (M.without).
 local STRONG = [[(?:passw(?:or)?d|passphrase|pwd|secret|api[_-]?key|apikey|access[_-]?key|auth[_-]?key|]]
-  .. [[private[_-]?key|client[_-]?key|service[_-]?key|account[_-]?key|db[_-]?pass|credentials?|]]
+  .. [[private[_-]?key|client[_-]?key|service[_-]?key|account[_-]?key|db[_-]?pass|credentials?|creds|]]
   .. [[client[_-]?secret|secret[_-]?key|signing[_-]?key|encryption[_-]?key|master[_-]?key)]]
 local WEAK = [[(?:(?:access|auth|refresh|session|api|bearer|id)[_-]?)?(?:token|auth)]]
-local KEY_START = [[(?:(?<![A-Za-z0-9-])|(?-i:(?<=[a-z0-9])(?=[A-Z])))]]
-local SEPARATOR = [==[[\w-]{0,30}?[\]'"]{0,2}[ \t]*(?::=|=>|\?=|=|:)[ \t]*]==]
+local KEY_START = [[(?:(?<![A-Za-z0-9-])|(?-i:(?<=[a-z0-9])(?=[A-Z])))(?<!public)(?<!public[_.-])]]
+-- What joins a name to its value, in the shapes of gitleaks' GenerateSampleSecrets:
+-- = : := ::= => ?= .= (PHP), a comparison (== != === !==: detect-secrets' keyword
+-- tests), "," between two quoted strings (setProperty("K", "V")),
+-- a type between (Go "string", TypeScript ": string"), quotes and "\"" around the name
+-- (JSON inside a string, a JAAS config), a YAML block scalar ("key: |" and the value on
+-- the next line), an XML element (<key>value</key>), XML attributes
+-- (name="key" value="...", <name="key" />\n<value="..." />) and a JSON name/value pair
+-- ("name": "key", "value": "...").
+local SEP_TAIL = [==[(?:[\]'"\\]{0,3}(?:[ \t]*:?[ \t]*(?-i:string|str|String)(?![A-Za-z0-9_]))?[ \t]*]==]
+  .. [==[(?::{1,3}=|=>|\?=|\.=|={2,3}|!==?|=|:|,(?=[ \t]*\\?["'`]))[ \t]*(?:[|>][-+]?[ \t]*\r?\n[ \t]+)?]==]
+  .. [==[|>[ \t]*(?:\r?\n[ \t]*)?|["'](?:[ \t]*/?>[ \t]*\r?\n?[ \t]*<|[ \t]+)value=]==]
+  .. [==[|"[ \t]*,[ \t]*(?:\r?\n[ \t]*)?"value"[ \t]*:[ \t]*)]==]
+-- A name's suffix that says the value is not the secret (gitleaks' generic allowlist:
+-- credentialsId, SECRET_NAME, secret_length, key_file, token_url; "secrets:" names a
+-- collection).
+local SUFFIX_OK = [[(?!s?[_.-]?(?:ids?|names?|size|length|len|type|file|path|url|uri|endpoint|version|field|label|hint)(?![A-Za-z0-9])|s(?![A-Za-z0-9]))]]
+local SEPARATOR = SUFFIX_OK .. [==[[\w-]{0,30}?]==] .. SEP_TAIL
+-- A value that is a placeholder of x's or one character repeated (gitleaks' entropy
+-- gate for the same cases: "AIzaaaaaaaaa...", "bP88Q~xxxxxxxx...").
+local VALUE_NOT_PLACEHOLDER = [==[(?![^\s"'`,;\\]*?(?i:x{6}))(?![^\s"'`,;\\]*?(?<rep>[A-Za-z0-9])\k<rep>{5})]==]
 local UNQUOTED = [==[(?![A-Za-z_][A-Za-z0-9_]{0,30}+(?:(?:\.[A-Za-z_][A-Za-z0-9_]{0,30}+)++(?:[\s,;()\[\]]|$)|\())(?![./~])]==]
 add {
   name = "generic-secret-quoted", kind = "secret",
   open = [[(?i)]] .. STRONG,
-  regex = [[(?i)]] .. KEY_START .. STRONG .. SEPARATOR .. [[@?(?<q>["'`])]] .. PLACEHOLDER
-          .. [==[(?![^"'`\s\\]*?(?-i:%[sdr]|\{[0-9]?\}))(?![./~]|[a-z]++://)(?=[^"'`\s\\]*?[0-9!#$%^&*+/=?@~-]|[^"'`\s\\]{12})(?<secret>[^"'`\s\\]{6,512}+)\k<q>]==],
+  regex = [[(?i)]] .. KEY_START .. STRONG .. SEPARATOR .. [[@?\\?(?<q>["'`])]] .. PLACEHOLDER .. VALUE_NOT_PLACEHOLDER
+          .. [==[(?![^"'`\s\\]*?(?-i:%[sdr]|\{[0-9]?\}))(?![./~]|[a-z]++://)(?=[^"'`\s\\]*?[0-9!#$%^&*+/=?@~-]|[^"'`\s\\]{12})(?<secret>[^"'`\s\\]{6,512}+)\\?\k<q>]==],
 }
 add {
   name = "generic-secret", kind = "secret",
   open = [[(?i)]] .. STRONG,
-  regex = [[(?i)]] .. KEY_START .. STRONG .. SEPARATOR .. PLACEHOLDER .. UNQUOTED .. [[(?![a-z]++://)]]
-          .. [[(?=[^\s"'`,;]*?[0-9])(?=[^\s"'`,;]*?[A-Za-z])(?<secret>[^\s"'`,;(){}\[\]<>]{8,512}+)(?=[\s,;]|$)]],
+  regex = [[(?i)]] .. KEY_START .. STRONG .. SEPARATOR .. PLACEHOLDER .. VALUE_NOT_PLACEHOLDER .. UNQUOTED .. [[(?![a-z]++://)]]
+          .. [[(?=[^\s"'`,;]*?[0-9])(?=[^\s"'`,;]*?[A-Za-z])(?<secret>[^\s"'`,;(){}\[\]<>\\]{8,512}+)(?=[\s,;"'<\\]|$)]],
 }
 add {
   name = "generic-token", kind = "secret",
   open = [[(?i)]] .. WEAK,
-  regex = [[(?i)(?<!:)]] .. KEY_START .. WEAK .. [==[[\]'"]{0,2}[ \t]*(?::=|=>|\?=|=|:)[ \t]*["'`]?]==] .. PLACEHOLDER .. UNQUOTED
+  regex = [[(?i)(?<!:)]] .. KEY_START .. WEAK .. [[(?:_[0-9]{1,4})?]] .. SEP_TAIL .. [==[\\?["'`]?]==] .. PLACEHOLDER .. VALUE_NOT_PLACEHOLDER .. UNQUOTED
           .. [[(?=[^\s"'`,;]*?[0-9])(?=[^\s"'`,;]*?[A-Za-z])(?<secret>[^\s"'`,;(){}\[\]<>]{16,2048}+)]],
 }
 

