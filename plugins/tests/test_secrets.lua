@@ -161,6 +161,83 @@ function TestPrecision.test_context_stays_readable()
   lu.assertEquals(redact_all('password = "changeme1"'), 'password = "[REDACTED:secret]"')
 end
 
+-- ---- the public rule sets' shapes (held-out corpus findings) ---------------------------
+
+TestShapes = {}
+
+local LOWER_NUM = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+-- gitleaks' GenerateSampleSecrets: the value apart from its name, or joined by more
+-- than "=" and ":"; detect-secrets' comparisons.
+function TestShapes.test_name_and_value_apart()
+  for k, shape in ipairs {
+    "<jiraToken>%s</jiraToken>",
+    "<jiraToken>\n    %s\n</jiraToken>",
+    '{\n    "name": "jira_token",\n    "value": "%s"\n}',
+    '<entry name="jiraToken" value="%s" />',
+    '<entry>\n  <name="jiraToken" />\n  <value="%s" />\n</entry>',
+    "jira_token: |\n  %s",
+    "jira_token: >\n  %s",
+    '\\{\n    \\"jira_token\\": \\"%s\\"\n\\}',
+    'var jiraToken string = "%s"',
+    '$jiraToken .= "%s"',
+    'System.setProperty("JIRA_TOKEN", "%s")',
+    'required username=\\"bob\\" jiraToken=\\"%s\\""',
+    'if (password == "%s") {',
+    'some_api_token_123 = "%s"',
+    "creds = %s",
+  } do
+    local secret = "Zq8" .. fill(29, ALNUM, k)
+    assert_gone(shape:format(secret), secret)
+  end
+end
+
+function TestShapes.test_placeholders_and_names_that_are_not_secrets_stay()
+  assert_intact("ghp_" .. ("x"):rep(36))
+  assert_intact("xoxb-" .. ("x"):rep(9) .. "-" .. ("x"):rep(10) .. "-" .. ("x"):rep(12))
+  assert_intact('apiKey: "AIza' .. ("a"):rep(35) .. '"')
+  assert_intact("client_secret=bP88Q~" .. ("x"):rep(34))
+  assert_intact("credentialsId: 'ff083f76-7804-4ef1-80e4-fe975bb9141b'")
+  assert_intact('LLM_SECRET_NAME = "NEXUS-GPT4-API-KEY"')
+  assert_intact("  <UserSecretsId>79a3edd0-2092-40a2-a04d-dcb46d5ca9ed</UserSecretsId>")
+  assert_intact('publicToken = "' .. fill(43, ALNUM, 3) .. '"')
+  assert_intact("//registry.npmjs.org/:_authToken=${NPM_TOKEN}")
+  assert_intact("curl -u <user:password> https://test.example/endpoint")
+  assert_intact('curl -X GET --insecure --user "username:password" \\')
+  assert_intact("- (id)hf_requiredCharacteristicTypesForDisplayMetadata;")
+  assert_intact("machine translation\nlogin page\npassword reset")
+end
+
+function TestShapes.test_more_token_kinds()
+  local cases = {
+    { "ABSKQmVkcm9ja0FQSUtleS" .. fill(110, B64, 1), "[REDACTED:aws-bedrock-api-key]" },
+    { "bedrock-api-key-YmVkcm9jay5hbWF6b25hd3MuY29t" .. fill(40, ALNUM, 2), "[REDACTED:aws-bedrock-api-key]" },
+    { "_gitlab_session=" .. fill(32, LOWER_NUM, 3), "[REDACTED:gitlab-token]" },
+    { "xoxa-2-" .. fill(12, ALNUM, 4), "[REDACTED:slack-token]" },
+    { "ey" .. fill(20, ALNUM, 5) .. ".ey" .. fill(20, ALNUM, 6) .. "." .. fill(10, B64, 7), "[REDACTED:jwt]" },
+    { "eyJ" .. fill(20, ALNUM, 8) .. ".eyJ" .. fill(40, ALNUM, 9), "[REDACTED:jwt]" },
+  }
+  for _, c in ipairs(cases) do
+    local out = assert_gone("got " .. c[1] .. " ok\n", c[1], c[2])
+    lu.assertEquals(out, "got " .. c[2] .. " ok\n")
+  end
+  local t = fill(6, LOWER_NUM, 10) .. "." .. fill(16, LOWER_NUM, 11)
+  assert_gone("kubeadm join 10.0.0.1:6443 --token " .. t .. " --discovery-token-ca-cert-hash sha256:0", t)
+  assert_gone("users:\n- name: kubelet\n  user:\n    token: " .. t .. "\n", t)
+  local b = fill(40, ALNUM, 12)
+  assert_gone("curl --oauth2-bearer " .. b .. " https://api.example/v1", b)
+  assert_gone('curl -H "Api-Token: Sk94' .. fill(7, ALNUM, 13) .. '"', "Sk94" .. fill(7, ALNUM, 13))
+  assert_gone("curl -H 'Authorization: Basic YWI6Y2Q=' \\", "YWI6Y2Q=")
+end
+
+function TestShapes.test_netrc_default_and_curl_over_continued_lines()
+  local pw = "pw" .. fill(12, ALNUM, 14)
+  assert_gone("default login anonymous password " .. pw, pw)
+  assert_gone("curl -k -X POST https://h.example/x \\\n  -H 'Content-type: text/plain' \\\n  -u developer:" .. pw, pw)
+  assert_gone('curl -u ":' .. pw .. '" https://localhost:9200', pw)
+  assert_gone("curl --user kevin:'" .. pw .. "' -iX PATCH", pw)
+end
+
 -- ---- streaming: any length, any reads, diff hunks --------------------------------------
 
 TestStreaming = {}
