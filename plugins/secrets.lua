@@ -98,7 +98,7 @@ add {
 -- longer, not held to its end.
 local JWT_PART = "[A-Za-z0-9_/+-]"
 add {
-  name = "jwt", open = "ey(?:J|[A-Za-z0-9]{17})",
+  name = "jwt", open = "eyJ|ey[A-Za-z0-9]{17}",
   regex = NOT_AFTER_TOKEN .. [[ey(?=J|[A-Za-z0-9]{17})[A-Za-z0-9_-]{10,4096}+\.(?:ey]] .. JWT_PART
           .. "{6,65535}+(?:\\." .. JWT_PART .. "*+={0,2})?|" .. JWT_PART .. "{8,65535}+\\." .. JWT_PART .. "*+={0,2})",
 }
@@ -392,14 +392,15 @@ local WEAK = [[(?:(?:access|auth|refresh|session|api|bearer|id)[_-]?)?(?:token|a
 local KEY_START = [[(?:(?<![A-Za-z0-9-])|(?-i:(?<=[a-z0-9])(?=[A-Z])))(?<!public)(?<!public[_.-])]]
 -- What joins a name to its value, in the shapes of gitleaks' GenerateSampleSecrets:
 -- = : := ::= => ?= .= (PHP), a comparison (== != === !==: detect-secrets' keyword
--- tests), "," between two quoted strings (setProperty("K", "V")),
+-- tests), "," between two quoted strings when the name is an upper-case variable's
+-- (setProperty("API_TOKEN", "V"); not a list of paths: "kadmin/passwd", "kadmin/server"),
 -- a type between (Go "string", TypeScript ": string"), quotes and "\"" around the name
 -- (JSON inside a string, a JAAS config), a YAML block scalar ("key: |" and the value on
 -- the next line), an XML element (<key>value</key>), XML attributes
 -- (name="key" value="...", <name="key" />\n<value="..." />) and a JSON name/value pair
 -- ("name": "key", "value": "...").
 local SEP_TAIL = [==[(?:[\]'"\\]{0,3}(?:[ \t]*:?[ \t]*(?-i:string|str|String)(?![A-Za-z0-9_]))?[ \t]*]==]
-  .. [==[(?::{1,3}=|=>|\?=|\.=|={2,3}|!==?|=|:|,(?=[ \t]*\\?["'`]))[ \t]*(?:[|>][-+]?[ \t]*\r?\n[ \t]+)?]==]
+  .. [==[(?::{1,3}=|=>|\?=|\.=|={2,3}|!==?|=|:|(?-i:(?<=[A-Z0-9_]["'])),(?=[ \t]*\\?["'`]))[ \t]*(?:[|>][-+]?[ \t]*\r?\n[ \t]+)?]==]
   .. [==[|>[ \t]*(?:\r?\n[ \t]*)?|["'](?:[ \t]*/?>[ \t]*\r?\n?[ \t]*<|[ \t]+)value=]==]
   .. [==[|"[ \t]*,[ \t]*(?:\r?\n[ \t]*)?"value"[ \t]*:[ \t]*)]==]
 -- A name's suffix that says the value is not the secret (gitleaks' generic allowlist:
