@@ -359,6 +359,28 @@ add {
   regex = [[--oauth2-bearer(?:=|[ \t]{1,5})["']?(?![$<{%])(?<secret>[^\s"']{8,}+)]],
 }
 
+-- ---- command lines -----------------------------------------------------------------------
+-- An agent's own commands, `ps`, shell history and CI logs: a long option
+-- (--password=..., --db-password ..., --token ..., --api-key ...), a registry login's
+-- -p (docker/podman/nerdctl/helm/buildah/skopeo login -u U -p P), sshpass -p, and
+-- mysql's attached -pPASSWORD (a bare -p prompts). The value needs a digit or a symbol,
+-- or 12 characters in both cases: a man page's "--password PASSWORD", "--token TOKEN"
+-- and "--proxy-password respectively" stay, as do placeholders ($PASS, <token>,
+-- {{ .token }}) and "--password-file PATH".
+local CLI_VALUE = [==[(?<q>["']?)(?![$<{%*-])(?=[^\s"',;]*?[0-9!#$%^&*+/=?@~]|(?-i:(?=[^\s"',;]*?[a-z])(?=[^\s"',;]*?[A-Z]))[^\s"',;]{12})]==]
+  .. [==[(?<secret>[^\s"',;]{4,512}+)\k<q>]==]
+add {
+  name = "cli-option-secret", kind = "password",
+  open = [[(?i)--(?:[a-z]{1,20}-)?(?:password|passwd|pass|token|secret|api-?key)]],
+  regex = [[(?i)--(?:[a-z]{1,20}-)?(?:password|passwd|pass|token|secret|api-?key)(?:=|[ \t]{1,4})]] .. CLI_VALUE,
+}
+add {
+  name = "cli-login-password", kind = "password",
+  open = [[docker|podman|nerdctl|helm|buildah|skopeo|sshpass|mysql]],
+  regex = [[(?:(?:docker|podman|nerdctl|helm|buildah|skopeo)(?:[ \t]+registry)?[ \t]+login(?:[ \t]+[^\s]+){0,8}?[ \t]+-p[ \t]+]]
+          .. [[|sshpass[ \t]+-p[ \t]*|mysql(?:dump|admin|import|show|check)?(?:[ \t]+[^\s]+){0,8}?[ \t]+-p(?=[^\s]))]] .. CLI_VALUE,
+}
+
 -- ---- generic assignments ----------------------------------------------------------------------------------
 -- detect-secrets keyword.py (DENYLIST: api_?key, auth_?key, service_?key, account_?key,
 -- db_?key, database_?key, priv_?key, private_?key, client_?key, db_?pass,
@@ -399,7 +421,7 @@ local KEY_START = [[(?:(?<![A-Za-z0-9-])|(?-i:(?<=[a-z0-9])(?=[A-Z])))(?<!public
 -- the next line), an XML element (<key>value</key>), XML attributes
 -- (name="key" value="...", <name="key" />\n<value="..." />) and a JSON name/value pair
 -- ("name": "key", "value": "...").
-local SEP_TAIL = [==[(?:[\]'"\\]{0,3}(?:[ \t]*:?[ \t]*(?-i:string|str|String)(?![A-Za-z0-9_]))?[ \t]*]==]
+local SEP_TAIL = [==[(?>[\]'"\\]{0,3}(?:[ \t]*:?[ \t]*(?-i:string|str|String)(?![A-Za-z0-9_]))?[ \t]*]==]
   .. [==[(?::{1,3}=|=>|\?=|\.=|={2,3}|!==?|=|:|(?-i:(?<=[A-Z0-9_]["'])),(?=[ \t]*\\?["'`]))[ \t]*(?:[|>][-+]?[ \t]*\r?\n[ \t]+)?]==]
   .. [==[|>[ \t]*(?:\r?\n[ \t]*)?|["'](?:[ \t]*/?>[ \t]*\r?\n?[ \t]*<|[ \t]+)value=]==]
   .. [==[|"[ \t]*,[ \t]*(?:\r?\n[ \t]*)?"value"[ \t]*:[ \t]*)]==]

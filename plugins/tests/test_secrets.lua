@@ -238,6 +238,24 @@ function TestShapes.test_netrc_default_and_curl_over_continued_lines()
   assert_gone("curl --user kevin:'" .. pw .. "' -iX PATCH", pw)
 end
 
+function TestShapes.test_command_lines()
+  local pw = "Pw" .. fill(12, ALNUM, 15) .. "!"
+  for _, line in ipairs {
+    "mysql -h db -u root --password=%s shop", "gh auth login --token %s",
+    "docker login -u ci -p %s registry.example", "sshpass -p '%s' ssh deploy@host",
+    "mysqldump -u root -p%s --all-databases",
+  } do
+    assert_gone(line:format(pw), pw, "[REDACTED:password]")
+  end
+  for _, line in ipairs {
+    "ssh -p 2222 deploy@host", "mysql -u root -p shop", "--password PASSWORD", "--token TOKEN",
+    "--password-file /run/secrets/db", "echo --password=$DB_PASS",
+    "been renamed to --http-password and --proxy-password respectively, and",
+  } do
+    assert_intact(line)
+  end
+end
+
 -- ---- streaming: any length, any reads, diff hunks --------------------------------------
 
 TestStreaming = {}

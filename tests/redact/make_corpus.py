@@ -295,6 +295,16 @@ for _ in range(8):
     pos("netrc", "file:~/.netrc", "machine git.example.com login ci password %s" % pw, pw)
 
 
+# command lines (an agent's own commands, `ps`, shell history, CI logs)
+for _ in range(3):
+    pw = rnd(14, ALNUM + "!#%") + R.choice(string.digits)
+    for tmpl in ["mysql -h db -u root --password=%s shop", "psql --dbname=app --db-password %s",
+                 "gh auth login --token %s", "vault write auth/x --client-secret='%s'",
+                 "docker login -u ci -p %s registry.example", "helm registry login r.example --username u --password %s",
+                 "sshpass -p '%s' ssh deploy@host", "mysqldump -u root -p%s --all-databases"]:
+        pos("generic-assignment", "command line (written here)", tmpl % pw, pw)
+
+
 def run(*argv, **kw):
     return subprocess.run(argv, check=True, capture_output=True, **kw).stdout.decode()
 
@@ -442,6 +452,10 @@ NEG = [
     "client-key-data: DATA+OMITTED", "    client-certificate-data: REDACTED",
     '{"auths": {}}', "Cookie: yes please", "machine learning password manager",
     "x-api-key header is required", "Authorization header missing", "ghp_ tokens expire",
+    "ssh -p 2222 deploy@host", "mkdir -p build/out", "mysql -u root -p shop", "--password PASSWORD",
+    "--token TOKEN", "--password-file /run/secrets/db", "echo --password=$DB_PASS",
+    "been renamed to --http-password and --proxy-password respectively, and",
+    "docker login -u ci --password-stdin registry.example",
 ]
 for text in NEG:
     neg("ordinary", "written for this corpus", text)
