@@ -1,7 +1,9 @@
 """Section 6 of tests/bench/run.py: redaction.
 
   6a  per-family recall and the share of negatives left intact, over the corpus of
-      tests/redact/corpus (one read, and one byte per read)
+      tests/redact/corpus (one read, and one byte per read), for each of its halves:
+      the cases the rules were written with, and the public rule sets' own test lists
+      imported after them (held out)
   6b  a scan of the system's own source and documentation trees (/usr/include,
       /usr/share/doc with .gz expanded, the Python standard library): files changed
   6c  throughput by input class, through a real `serve` call with the default secret

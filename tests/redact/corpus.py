@@ -110,3 +110,75 @@ def evaluate(stockade, chunk=0):
         if not ok:
             r["damaged"].append((c, out))
     return res
+
+
+def _cell(got, total):
+    if not total:
+        return "—"
+    return f"{got}/{total}" if got == total else f"{got}/{total} ({100.0 * got / total:.1f} %)"
+
+
+def table(stockade, compare=None):
+    """The per-family table of the README, as Markdown: recall on the written-with and
+    held-out halves, negatives left intact; with `compare` (another plugins directory,
+    e.g. an older commit's), its held-out figures beside."""
+    now = evaluate(stockade, 0)
+    old = None
+    if compare:
+        saved = os.environ.get("STOCKADE_PLUGIN_PATH")
+        os.environ["STOCKADE_PLUGIN_PATH"] = compare
+        try:
+            old = evaluate(stockade, 0)
+        finally:
+            if saved is None:
+                os.environ.pop("STOCKADE_PLUGIN_PATH")
+            else:
+                os.environ["STOCKADE_PLUGIN_PATH"] = saved
+    cols = ["family", "written-with"] + (["held-out, compared"] if old else []) + [
+        "held-out"] + (["held-out negatives intact, compared → now"] if old else ["held-out negatives intact"])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    fams = sorted(set(now["written"]["families"]) | set(now["held-out"]["families"]))
+    totals = {}
+
+    def add(key, v):
+        g, t = totals.get(key, (0, 0))
+        totals[key] = (g + v[0], t + v[1])
+
+    for f in fams:
+        w = now["written"]["families"].get(f, (0, 0))
+        h = now["held-out"]["families"].get(f, (0, 0))
+        n = now["held-out"]["negatives_by_family"].get(f, (0, 0))
+        add("w", w)
+        add("h", h)
+        row = [f, _cell(*w)]
+        if old:
+            ho = old["held-out"]["families"].get(f, (0, 0))
+            add("ho", ho)
+            no = old["held-out"]["negatives_by_family"].get(f, (0, 0))
+            row += [_cell(*ho), _cell(*h), "—" if not n[1] else f"{_cell(*no)} → {_cell(*n)}"]
+        else:
+            row += [_cell(*h), _cell(*n)]
+        lines.append("| " + " | ".join(row) + " |")
+    row = ["**all**", _cell(*totals["w"])]
+    if old:
+        row += [_cell(*totals["ho"]), _cell(*totals["h"]),
+                f"{_cell(*old['held-out']['negatives'])} → {_cell(*now['held-out']['negatives'])}"]
+    else:
+        row += [_cell(*totals["h"]), _cell(*now["held-out"]["negatives"])]
+    lines.append("| " + " | ".join(row) + " |")
+    la = now["held-out"]["look_alikes"]
+    lines.append("")
+    lines.append(f"written-with negatives intact: {_cell(*now['written']['negatives'])}; "
+                 f"held-out look-alikes left intact: {la[0]}/{la[1]}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    # /usr/bin/python3 tests/redact/corpus.py [--compare PLUGINS_DIR]
+    import argparse
+    ap = argparse.ArgumentParser(description="the redaction corpus's per-family table")
+    ap.add_argument("--compare", help="another plugins directory to score the held-out half with")
+    ap.add_argument("--stockade", default=os.path.join(REPO_ROOT, "stockade"))
+    args = ap.parse_args()
+    os.environ.setdefault("STOCKADE_PLUGIN_PATH", os.path.join(REPO_ROOT, "plugins"))
+    print(table(args.stockade, args.compare))
