@@ -587,53 +587,47 @@ def own_heldout(positives, negatives):
         negatives.append({"family": family, "source": "heldout:" + what, "text": text})
 
     pw = lambda: rnd(R.randrange(10, 22), ALNUM + "!*-_.~") + R.choice("0123456789")
-    for _ in range(3):
-        p = pw()
-        pos("url-credentials", "git remote", "git remote add origin https://deploy:%s@git.example.com/team/app.git" % p, p)
-        p = pw()
-        pos("url-credentials", "IPv6 host", 'DATABASE_URL="postgresql://app:%s@[::1]:5432/app"' % p, p)
-        p = pw()
-        pos("url-credentials", "proxy variable", "export https_proxy=http://proxyuser:%s@proxy.corp:3128" % p, p)
-        p = rnd(8) + "%40" + rnd(6) + "%2F1"
-        pos("url-credentials", "percent-encoded password", "amqps://svc:%s@mq.example/vhost" % p, p)
-        p = pw()
-        pos("url-credentials", "replica set", "mongodb://admin:%s@h1:27017,h2:27017/?replicaSet=rs0" % p, p)
-        p = pw()
-        pos("url-credentials", "user is an address", "smtp://mailer%%40example.com:%s@smtp.example:587" % p, p)
-        p = "pypi-AgEIcHlwaS5vcmc" + rnd(60, ALNUM + "-_")
-        pos("url-credentials", "pip index url", "pip install --index-url https://__token__:%s@pypi.example/simple pkg" % p, p)
+
+    def shapes(family, table, rounds=3):
+        """Each (what, template, make) of table, `rounds` times: template % a value."""
+        for _ in range(rounds):
+            for what, template, make in table:
+                value = make()
+                pos(family, what, template % value, value)
+
+    shapes("url-credentials", [
+        ("git remote", "git remote add origin https://deploy:%s@git.example.com/team/app.git", pw),
+        ("IPv6 host", 'DATABASE_URL="postgresql://app:%s@[::1]:5432/app"', pw),
+        ("proxy variable", "export https_proxy=http://proxyuser:%s@proxy.corp:3128", pw),
+        ("percent-encoded password", "amqps://svc:%s@mq.example/vhost", lambda: rnd(8) + "%40" + rnd(6) + "%2F1"),
+        ("replica set", "mongodb://admin:%s@h1:27017,h2:27017/?replicaSet=rs0", pw),
+        ("user is an address", "smtp://mailer%%40example.com:%s@smtp.example:587", pw),
+        ("pip index url", "pip install --index-url https://__token__:%s@pypi.example/simple pkg",
+         lambda: "pypi-AgEIcHlwaS5vcmc" + rnd(60, ALNUM + "-_")),
+    ])
     for t in ["https://user@example.com/", "ssh://git@example.com:2222/repo.git", "http://[::1]:8080/health",
               "see https://example.com/a:b@c for details", "postgresql:///app?host=/var/run/postgresql",
               "redis://redis:6379", "s3://bucket/key:with:colons", "file:///home/u/a@b.txt"]:
         neg("url-credentials", "URLs without a password", t)
 
-    for _ in range(3):
-        p = pw()
-        pos("connection-string", "JDBC SQL Server", "jdbc:sqlserver://db.example:1433;databaseName=app;user=sa;password=%s;encrypt=true" % p, p)
-        p = pw()
-        pos("connection-string", "ADO.NET Data Source", "Data Source=db.example;Initial Catalog=app;User Id=app;Password=%s;" % p, p)
-        p = pw()
-        pos("connection-string", "Npgsql", "Host=db;Port=5432;Database=app;Username=app;Password=%s" % p, p)
-        p = pw()
-        pos("connection-string", "ODBC", "Driver={ODBC Driver 18 for SQL Server};Server=db;UID=app;PWD=%s;" % p, p)
-        p = pw()
-        pos("connection-string", "appsettings.json",
-            '"ConnectionStrings": {\n  "Default": "Server=db;Database=app;User Id=app;Password=%s;"\n}' % p, p)
-        p = rnd(14)
-        pos("connection-string", "libpq keywords, other order", "dbname=app password=%s host=db user=app" % p, p)
-        p = pw()
-        pos("connection-string", "JDBC query, other order", "jdbc:postgresql://db/app?password=%s&user=app&ssl=true" % p, p)
+    shapes("connection-string", [
+        ("JDBC SQL Server", "jdbc:sqlserver://db.example:1433;databaseName=app;user=sa;password=%s;encrypt=true", pw),
+        ("ADO.NET Data Source", "Data Source=db.example;Initial Catalog=app;User Id=app;Password=%s;", pw),
+        ("Npgsql", "Host=db;Port=5432;Database=app;Username=app;Password=%s", pw),
+        ("ODBC", "Driver={ODBC Driver 18 for SQL Server};Server=db;UID=app;PWD=%s;", pw),
+        ("appsettings.json", '"ConnectionStrings": {\n  "Default": "Server=db;Database=app;User Id=app;Password=%s;"\n}', pw),
+        ("libpq keywords, other order", "dbname=app password=%s host=db user=app", lambda: rnd(14)),
+        ("JDBC query, other order", "jdbc:postgresql://db/app?password=%s&user=app&ssl=true", pw),
+    ])
     for t in ["Server=db;Database=app;Trusted_Connection=True;", "Password=;", "jdbc:h2:mem:test",
               "Data Source=app.db;Mode=ReadOnly", "host=db user=app dbname=app sslmode=verify-full"]:
         neg("connection-string", "connection strings without a password", t)
 
-    for _ in range(3):
-        p = pw()
-        pos("netrc", "tab-indented", "machine api.example.com\n\tlogin bob\n\tpassword %s\n" % p, p)
-        p = pw()
-        pos("netrc", "default entry", "default login anonymous password %s" % p, p)
-        p = pw()
-        pos("netrc", "with port", "machine git.example.com login ci password %s port 443" % p, p)
+    shapes("netrc", [
+        ("tab-indented", "machine api.example.com\n\tlogin bob\n\tpassword %s\n", pw),
+        ("default entry", "default login anonymous password %s", pw),
+        ("with port", "machine git.example.com login ci password %s port 443", pw),
+    ])
     neg("netrc", "prose", "The machine learning model's password field is empty.")
     neg("netrc", "prose", "machine translation\nlogin page\npassword reset")
 
