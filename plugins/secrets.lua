@@ -51,10 +51,9 @@ local NOT_AFTER_TOKEN = [[(?<![A-Za-z0-9_-])]]
 local NOT_BEFORE_TOKEN = [[(?![A-Za-z0-9_-])]]
 
 -- A token: `open` (a literal or an alternation), then `body`; both frontiers. What
--- follows the prefix is not a placeholder: "xxxx" (a few characters in, as in
--- "glrt-tx_xxxx...") or one character six times ("AIzaaaaaaa...", gitleaks' entropy
--- gate for the same false positives).
-local NOT_PLACEHOLDER_BODY = [[(?![A-Za-z0-9_-]{0,3}(?i:x{4})|(?<rep>[A-Za-z0-9])\k<rep>{5})]]
+-- follows the prefix is not a placeholder: "xxxx", a few characters in at most (as in
+-- "glrt-tx_xxxx..."; gitleaks' entropy gate for the same false positives).
+local NOT_PLACEHOLDER_BODY = [[(?![A-Za-z0-9_-]{0,3}(?i:x{4}))]]
 local function token(t)
   add {
     name = t.name, kind = t.kind, open = t.open,

@@ -195,7 +195,6 @@ end
 function TestShapes.test_placeholders_and_names_that_are_not_secrets_stay()
   assert_intact("ghp_" .. ("x"):rep(36))
   assert_intact("xoxb-" .. ("x"):rep(9) .. "-" .. ("x"):rep(10) .. "-" .. ("x"):rep(12))
-  assert_intact('apiKey: "AIza' .. ("a"):rep(35) .. '"')
   assert_intact("client_secret=bP88Q~" .. ("x"):rep(34))
   assert_intact("credentialsId: 'ff083f76-7804-4ef1-80e4-fe975bb9141b'")
   assert_intact('LLM_SECRET_NAME = "NEXUS-GPT4-API-KEY"')
