@@ -122,11 +122,13 @@ token { name = "huggingface-token", open = "hf_|api_org_", body = "[A-Za-z0-9]{3
 token { name = "aws-access-key", open = "AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9]", body = "[A-Z0-9]{16}",
         lead = "(?<![A-Za-z0-9])", tail = "(?![A-Za-z0-9])" }
 -- gitleaks "aws-amazon-bedrock-api-key-long-lived" / "-short-lived": ABSK + base64 of
--- "BedrockAPIKey-...", and "bedrock-api-key-" + base64 of "bedrock.amazonaws.com...".
+-- "BedrockAPIKey-...", and "bedrock-api-key-" + base64 of "bedrock.amazonaws.com..." and
+-- of a presigned request (8 KiB at most, and no right frontier: a longer run goes as far
+-- as that, rather than not at all).
 token { name = "aws-bedrock-api-key", open = "ABSKQmVkcm9ja0FQSUtleS", body = "[A-Za-z0-9+/]{80,400}+={0,2}",
         tail = "(?![A-Za-z0-9+/=])" }
 token { name = "aws-bedrock-short-lived-key", kind = "aws-bedrock-api-key",
-        open = "bedrock-api-key-YmVkcm9jay5hbWF6b25hd3MuY29t", body = "[A-Za-z0-9+/=%&_-]*+" }
+        open = "bedrock-api-key-YmVkcm9jay5hbWF6b25hd3MuY29t", body = "[A-Za-z0-9+/=%&_-]{0,8192}+", tail = "" }
 -- Secret access keys: 40 base64 characters are any hash (trufflehog aws/common.go
 -- SecretPat), so only beside their names: ~/.aws/credentials, env, `aws configure
 -- export-credentials` JSON. The name and separator stay.
@@ -430,7 +432,7 @@ local SEP_TAIL = [==[(?>[\]'"\\]{0,3}(?:[ \t]*:?[ \t]*(?-i:string|str|String)(?!
 local SUFFIX_OK = [[(?!s?[_.-]?(?:ids?|names?|size|length|len|type|file|path|url|uri|endpoint|version|field|label|hint)(?![A-Za-z0-9])|s(?![A-Za-z0-9]))]]
 local SEPARATOR = SUFFIX_OK .. [==[[\w-]{0,30}?]==] .. SEP_TAIL
 -- A value that is a placeholder of x's or one character repeated (gitleaks' entropy
--- gate for the same cases: "AIzaaaaaaaaa...", "bP88Q~xxxxxxxx...").
+-- gate for the same cases: client_secret=bP88Q~xxxxxxxx..., password: "aaaaaa1").
 local VALUE_NOT_PLACEHOLDER = [==[(?![^\s"'`,;\\]*?(?i:x{6}))(?![^\s"'`,;\\]*?(?<rep>[A-Za-z0-9])\k<rep>{5})]==]
 local UNQUOTED = [==[(?![A-Za-z_][A-Za-z0-9_]{0,30}+(?:(?:\.[A-Za-z_][A-Za-z0-9_]{0,30}+)++(?:[\s,;()\[\]]|$)|\())(?![./~])]==]
 add {
