@@ -80,7 +80,8 @@ def test_the_cases_streamed():
     """The premise of the tests above: the outputs came in several notifications. When
     the tool outruns the supervisor's reads one case may come in one piece; most must
     not."""
-    assert STREAMED, "no case ran"
+    if not STREAMED:
+        pytest.skip("the byte-by-byte cases did not run in this session (-k?)")
     assert sum(STREAMED) * 2 >= len(STREAMED), f"only {sum(STREAMED)}/{len(STREAMED)} cases streamed"
 
 
