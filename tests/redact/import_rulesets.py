@@ -8,7 +8,7 @@ The rules in plugins/secrets.lua were written against make_corpus.py's cases; th
 not looked at while writing them. Each checkout is a git directory (bare or not) of
   gitleaks        https://github.com/gitleaks/gitleaks       (MIT)
   detect-secrets  https://github.com/Yelp/detect-secrets     (Apache-2.0)
-and the commit read is recorded in corpus/NOTICE. What is taken is their test STRINGS
+and the commits read are recorded in corpus/SOURCES (licenses: corpus/NOTICE). What is taken is their test STRINGS
 (data), nothing of their code:
 
 - gitleaks: every `tps` and `fps` entry of the rules in cmd/generate/config/rules/*.go of
@@ -458,12 +458,10 @@ def gitleaks(git, positives, negatives, report):
     rules = toml_rules(git, commit)
     for fname, (family, only) in GITLEAKS.items():
         src = show("cmd/generate/config/rules/" + fname)
-        # file-level string variables (shared bodies of test cases)
-        genv = {}
         for rid, func, body in rule_functions(src):
             if rid is None or (only and rid not in only):
                 continue
-            tps, fps, skipped = eval_lists(body, genv)
+            tps, fps, skipped = eval_lists(body, {})
             for s in skipped:
                 report.append("gitleaks %s %s: skipped %s" % (fname, rid, s))
             for v in tps:
@@ -547,7 +545,6 @@ def detect_secrets(git, positives, negatives, report):
                 if not isinstance(line, str) or len(line) > 20000 or line in seen:
                     continue
                 seen.add(line)
-                expected = [v for k, v in fields.items() if k.startswith("expected") or k in ("secret",)]
                 should = [v for k, v in fields.items() if k in ("should_flag", "expected_result")]
                 if "secret" in fields and "line" in fields:
                     is_pos = fields["secret"] is not None

@@ -3,7 +3,6 @@ streaming path at several read sizes: recall >= 95 % in every family, >= 99 % of
 negatives unchanged; and the system's own sources left alone."""
 
 import os
-import sys
 
 import pytest
 
