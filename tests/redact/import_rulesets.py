@@ -708,6 +708,71 @@ def own_heldout(positives, negatives):
     neg("authorization", "docs", "Pass the token in the Authorization header, e.g. Authorization: Bearer <token>.")
 
 
+def own_heldout_after_fixes(positives, negatives):
+    """A second batch, written after the rules were fixed against the first held-out
+    cases and scored before any further change: real tools' outputs an agent prints
+    (az, kubectl, terraform, docker inspect, git credential, framework .env files).
+    Source "heldout2:<what>"."""
+    B64 = ALNUM + "+/"
+    HEX = "0123456789abcdef"
+
+    def pos(family, what, text, *secrets):
+        for x in secrets:
+            assert x in text, (what, x)
+        positives.append({"family": family, "source": "heldout2:" + what, "text": text, "secrets": list(secrets)})
+
+    pw = lambda: rnd(R.randrange(12, 24), ALNUM + "!*-_.~") + R.choice("0123456789")
+    for _ in range(3):
+        k1, k2 = rnd(86, B64) + "==", rnd(86, B64) + "=="
+        pos("azure", "az storage account keys list",
+            '[\n  {\n    "creationTime": "2026-11-30T10:00:00+00:00",\n    "keyName": "key1",\n'
+            '    "permissions": "FULL",\n    "value": "%s"\n  },\n  {\n    "creationTime": '
+            '"2026-11-30T10:00:00+00:00",\n    "keyName": "key2",\n    "permissions": "FULL",\n'
+            '    "value": "%s"\n  }\n]' % (k1, k2), k1, k2)
+        sig = rnd(43, B64).replace("+", "%2B").replace("/", "%2F") + "%3D"
+        pos("azure", "SAS URL", "https://acct.blob.core.windows.net/c/f.txt?sv=2022-11-02&ss=b&srt=o&sp=r"
+            "&se=2026-12-01T00:00:00Z&st=2026-11-30T00:00:00Z&spr=https&sig=%s" % sig, sig)
+        s = rnd(3, ALNUM) + R.choice("0123456789") + "Q~" + rnd(34, ALNUM + "_~.-")
+        pos("azure", "az ad sp create-for-rbac", '{\n  "appId": "%s",\n  "displayName": "ci",\n  "password": "%s",\n'
+            '  "tenant": "%s"\n}' % (rnd(8, HEX), s, rnd(8, HEX)), s)
+        k = "sk-ant-api03-" + rnd(93, ALNUM + "-_") + "AA"
+        pos("anthropic", "request header", "curl https://api.anthropic.com/v1/messages -H 'x-api-key: %s' "
+            "-H 'anthropic-version: 2023-06-01'" % k, k)
+        k = "sk-ant-admin01-" + rnd(93, ALNUM + "-_") + "AA"
+        pos("anthropic", "env dump", "ANTHROPIC_ADMIN_KEY=%s\nHOME=/home/u" % k, k)
+        v1, v2 = pw(), "sk_live_" + rnd(24)
+        pos("kubeconfig", "kubectl get deploy -o yaml (env)",
+            "        env:\n        - name: DB_PASSWORD\n          value: %s\n        - name: STRIPE_KEY\n"
+            "          value: %s\n        - name: LOG_LEVEL\n          value: info\n" % (v1, v2), v1, v2)
+        v = pw()
+        pos("generic-assignment", "terraform output -json",
+            '{\n  "db_password": {\n    "sensitive": true,\n    "type": "string",\n    "value": "%s"\n  }\n}' % v, v)
+        v = pw()
+        pos("generic-assignment", "docker inspect (Env)",
+            '            "Env": [\n                "POSTGRES_PASSWORD=%s",\n                "PATH=/usr/bin"\n            ],' % v, v)
+        t = "ghp_" + rnd(36)
+        pos("github", "git credential fill", "protocol=https\nhost=github.com\nusername=bob\npassword=%s\n" % t, t)
+        v = pw()
+        pos("generic-assignment", "git credential fill (plain password)",
+            "protocol=https\nhost=git.example.com\nusername=bob\npassword=%s\n" % v, v)
+        envs = ["SECRET_KEY_BASE=" + rnd(128, HEX), "APP_KEY=base64:" + rnd(43, B64) + "=",
+                "TWILIO_AUTH_TOKEN=" + rnd(32, HEX), "STRIPE_WEBHOOK_SECRET=whsec_" + rnd(32),
+                "MAILGUN_API_KEY=key-" + rnd(32, HEX)]
+        pos("env-file", "framework .env (Rails, Laravel, Twilio, Stripe, Mailgun)", "\n".join(envs) + "\n",
+            *[e.split("=", 1)[1] for e in envs])
+        a = base64.b64encode(("bob:" + pw()).encode()).decode()
+        pos("docker", "config.json with credsStore and email",
+            '{\n\t"auths": {\n\t\t"registry.gitlab.com": {\n\t\t\t"auth": "%s",\n\t\t\t"email": "bob@example.com"\n'
+            '\t\t}\n\t},\n\t"credsStore": "pass"\n}' % a, a)
+        p = pw()
+        pos("netrc", "several machines on one line",
+            "machine a.example login u1 password %s machine b.example login u2 password %s" % (p, p[::-1]), p, p[::-1])
+    for t in ['"keyName": "key1",', "        - name: LOG_LEVEL\n          value: info",
+              '{"db_host": {"sensitive": false, "value": "db.internal"}}',
+              "protocol=https\nhost=github.com\nusername=bob\n", "APP_NAME=shop\nAPP_ENV=production\n"]:
+        negatives.append({"family": "ordinary", "source": "heldout2:outputs without secrets", "text": t})
+
+
 def payload_secret(family, text):
     """The secret of a detect-secrets payload whose table names none: the password of a
     URL, the body of a key, else the longest token-like run."""
@@ -727,6 +792,7 @@ def main():
     gl_commit = gitleaks(gl, positives, negatives, report)
     ds_commit = detect_secrets(ds, positives, negatives, report)
     own_heldout(positives, negatives)
+    own_heldout_after_fixes(positives, negatives)
     for p in positives:
         if p.pop("need_secret", False):
             p["secrets"] = [x for x in [payload_secret(p["family"], p["text"])] if x]
