@@ -174,6 +174,14 @@ add {
   regex = [[(?i)(?:account|storage|access)[_.-]?key]] .. ASSIGN
           .. [[(?<secret>[A-Za-z0-9+/]{86}[A-Za-z0-9+/=]{0,2}={0,2})]],
 }
+-- `az storage account keys list`: the key is the "value" of an object whose "keyName"
+-- names it (key1, key2, kerb1 ...), a few fields before.
+add {
+  name = "azure-storage-key-listing", kind = "azure-storage-key",
+  open = [["keyName"]],
+  regex = [["keyName"\s*+:\s*+"[^"\r\n]{1,40}+",(?:\s*+"[A-Za-z]{1,20}+"\s*+:\s*+"[^"\r\n]{0,60}+",){0,4}+]]
+          .. [[\s*+"value"\s*+:\s*+"(?<secret>[A-Za-z0-9+/]{86}[A-Za-z0-9+/=]{0,2}={0,2})"]],
+}
 -- gitleaks "azure-ad-client-secret" / trufflehog azure_entra spv2:
 -- [a-zA-Z0-9_~.]{3}\dQ~[a-zA-Z0-9_~.-]{31,34}
 add {
@@ -270,6 +278,14 @@ add {
   regex = [[://[A-Za-z0-9._~%!$&'()*+,;=-]{0,256}+:(?!(?:pass(?:word)?|pwd|secret|x{3,}|\*+|\$\{?[A-Za-z_]+\}?|<[^>@]*>)@)(?<secret>[^\s/@"'<>`\\]{1,512}+)@]],
   replace = "[REDACTED]",
 }
+-- Signed URLs: an Azure SAS token's sig=, an S3 presigned URL's X-Amz-Signature=, a GCS
+-- signed URL's X-Goog-Signature= (trufflehog azure_sas shape); the signature is the
+-- credential, the rest of the URL stays.
+add {
+  name = "url-signature", kind = "signature",
+  open = [[[?&](?:sig|X-Amz-Signature|X-Goog-Signature)=]],
+  regex = [[[?&](?:sig|X-Amz-Signature|X-Goog-Signature)=(?<secret>[A-Za-z0-9%+/=_-]{16,1024}+)]],
+}
 -- trufflehog jdbc (pass.*?=), sqlserver (ADO.NET key=value;), postgres (libpq
 -- key='value'): a password key in a connection string, after ";", "?" or "&", or
 -- after a blank with "=" right behind it (libpq's "host=h password=p"; then the value
@@ -280,16 +296,25 @@ add {
   regex = [[(?i)(?:(?<=[;?&])(?:password|pwd)[ \t]{0,4}=[ \t]*|(?<=[ \t])(?:password|pwd)=(?=[^;&\s"',()]*?[0-9!#$%^*+/=?@~-]))'?]]
           .. PLACEHOLDER .. [[(?<secret>(?<=')[^'\r\n]{1,512}+|[^;&\s"',()][^;&\s"',()]{0,511}+)]],
 }
+-- Laravel's APP_KEY=base64:... (the application's encryption key; "APP_KEY" alone is
+-- too common a name, e.g. Pusher's public app key, to be a keyword).
+add {
+  name = "laravel-app-key", kind = "secret",
+  open = [[APP_KEY]],
+  regex = [[(?<![A-Za-z0-9_])APP_KEY[ \t]*=[ \t]*["']?base64:(?<secret>[A-Za-z0-9+/]{32,88}={0,2})]],
+}
 -- .netrc (and curl's --netrc-file): machine HOST login USER password PASSWORD, or the
 -- "default" entry (default login USER password PASSWORD); the "machine" or "default"
 -- at the start of a line and a login before the password ("machine learning password
--- manager" is prose). A password of letters only needs 12 of them ("machine
--- translation / login page / password reset" is prose too).
+-- manager" is prose); after the first entry, more may follow on the same line. A
+-- password of letters only needs 12 of them ("machine translation / login page /
+-- password reset" is prose too).
 add {
   name = "netrc-password", kind = "password",
   open = "machine|default",
-  regex = [[(?m)(?<=^|^ |^  |^\t)(?:machine[ \t]+\S+|default)(?:\s+(?:login|account|port)[ \t]+\S+)+\s+password[ \t]+]]
-          .. [[(?=\S*[^A-Za-z\s]|\S{12})(?<secret>\S+)]],
+  regex = [[(?m)(?:(?<=^|^ |^  |^\t)(?:machine[ \t]+\S+|default)(?:\s+(?:login|account|port)[ \t]+\S+)+\s+]]
+          .. [[|(?<=[ \t])machine[ \t]+\S+(?:[ \t]+(?:login|account|port)[ \t]+\S+)+[ \t]+)]]
+          .. [[password[ \t]+(?=\S*[^A-Za-z\s]|\S{12})(?<secret>\S+)]],
 }
 -- kubeadm bootstrap tokens (kubeadm join --token, a kubeconfig's token:):
 -- [a-z0-9]{6}.[a-z0-9]{16}, beside their name.
@@ -413,19 +438,24 @@ local STRONG = [[(?:passw(?:or)?d|passphrase|pwd|secret|api[_-]?key|apikey|acces
   .. [[client[_-]?secret|secret[_-]?key|signing[_-]?key|encryption[_-]?key|master[_-]?key)]]
 local WEAK = [[(?:(?:access|auth|refresh|session|api|bearer|id)[_-]?)?(?:token|auth)]]
 local KEY_START = [[(?:(?<![A-Za-z0-9-])|(?-i:(?<=[a-z0-9])(?=[A-Z])))(?<!public)(?<!public[_.-])]]
--- What joins a name to its value, in the shapes of gitleaks' GenerateSampleSecrets:
+-- What joins a name to its value, in the shapes of gitleaks' GenerateSampleSecrets (an
+-- atomic group: the first shape that fits is the one, so the longer ones come first):
 -- = : := ::= => ?= .= (PHP), a comparison (== != === !==: detect-secrets' keyword
 -- tests), "," between two quoted strings when the name is an upper-case variable's
 -- (setProperty("API_TOKEN", "V"); not a list of paths: "kadmin/passwd", "kadmin/server"),
 -- a type between (Go "string", TypeScript ": string"), quotes and "\"" around the name
 -- (JSON inside a string, a JAAS config), a YAML block scalar ("key: |" and the value on
 -- the next line), an XML element (<key>value</key>), XML attributes
--- (name="key" value="...", <name="key" />\n<value="..." />) and a JSON name/value pair
--- ("name": "key", "value": "...").
-local SEP_TAIL = [==[(?>[\]'"\\]{0,3}(?:[ \t]*:?[ \t]*(?-i:string|str|String)(?![A-Za-z0-9_]))?[ \t]*]==]
+-- (name="key" value="...", <name="key" />\n<value="..." />), a JSON name/value pair
+-- ("name": "key", "value": "..."), a YAML one (a Kubernetes env entry: "- name: KEY"
+-- and "value: ..." on the next line) and `terraform output -json` ("key": {"sensitive":
+-- true, "type": "string", "value": "..."}).
+local SEP_TAIL = [==[(?>"[ \t]*:[ \t]*\{(?:\s*+"[a-z_]{1,20}+"[ \t]*:[ \t]*(?:true|false|"[A-Za-z ]{0,20}+"),){0,4}+\s*+"value"[ \t]*:[ \t]*]==]
+  .. [==[|[\]'"\\]{0,3}(?:[ \t]*:?[ \t]*(?-i:string|str|String)(?![A-Za-z0-9_]))?[ \t]*]==]
   .. [==[(?::{1,3}=|=>|\?=|\.=|={2,3}|!==?|=|:|(?-i:(?<=[A-Z0-9_]["'])),(?=[ \t]*\\?["'`]))[ \t]*(?:[|>][-+]?[ \t]*\r?\n[ \t]+)?]==]
   .. [==[|>[ \t]*(?:\r?\n[ \t]*)?|["'](?:[ \t]*/?>[ \t]*\r?\n?[ \t]*<|[ \t]+)value=]==]
-  .. [==[|"[ \t]*,[ \t]*(?:\r?\n[ \t]*)?"value"[ \t]*:[ \t]*)]==]
+  .. [==[|"[ \t]*,[ \t]*(?:\r?\n[ \t]*)?"value"[ \t]*:[ \t]*]==]
+  .. [==[|["']?[ \t]*\r?\n[ \t]+value:[ \t]*)]==]
 -- A name's suffix that says the value is not the secret (gitleaks' generic allowlist:
 -- credentialsId, SECRET_NAME, secret_length, key_file, token_url; "secrets:" names a
 -- collection).
@@ -434,7 +464,7 @@ local SEPARATOR = SUFFIX_OK .. [==[[\w-]{0,30}?]==] .. SEP_TAIL
 -- A value that is a placeholder of x's or one character repeated (gitleaks' entropy
 -- gate for the same cases: client_secret=bP88Q~xxxxxxxx..., password: "aaaaaa1").
 local VALUE_NOT_PLACEHOLDER = [==[(?![^\s"'`,;\\]*?(?i:x{6}))(?![^\s"'`,;\\]*?(?<rep>[A-Za-z0-9])\k<rep>{5})]==]
-local UNQUOTED = [==[(?![A-Za-z_][A-Za-z0-9_]{0,30}+(?:(?:\.[A-Za-z_][A-Za-z0-9_]{0,30}+)++(?:[\s,;()\[\]]|$)|\())(?![./~])]==]
+local UNQUOTED = [==[(?![A-Za-z_][A-Za-z0-9_]{0,30}+(?:(?:\.[A-Za-z_][A-Za-z0-9_]{0,30}+)++(?:[\s,;()\[\]]|$)|\())(?![./]|~/)]==]
 add {
   name = "generic-secret-quoted", kind = "secret",
   open = [[(?i)]] .. STRONG,

@@ -255,6 +255,23 @@ function TestShapes.test_command_lines()
   end
 end
 
+-- Tools' outputs: az, kubectl, terraform, signed URLs, Laravel, .netrc on one line.
+function TestShapes.test_tool_outputs()
+  local key = fill(86, B64, 16) .. "=="
+  assert_gone('[\n  {\n    "keyName": "key1",\n    "permissions": "FULL",\n    "value": "' .. key .. '"\n  }\n]',
+              key, "[REDACTED:azure-storage-key]")
+  local sig = fill(40, ALNUM, 17) .. "%3D"
+  local out = assert_gone("https://a.blob.core.windows.net/c/f?sv=2022-11-02&sp=r&sig=" .. sig, sig)
+  lu.assertStrContains(out, "?sv=2022-11-02&sp=r&sig=[REDACTED:signature]")
+  local pw = "Pw" .. fill(14, ALNUM, 18) .. "!"
+  assert_gone("        - name: DB_PASSWORD\n          value: " .. pw .. "\n", pw)
+  assert_intact("        - name: LOG_LEVEL\n          value: info\n")
+  assert_gone('{\n  "db_password": {\n    "sensitive": true,\n    "type": "string",\n    "value": "' .. pw .. '"\n  }\n}', pw)
+  local app = fill(43, B64, 19) .. "="
+  assert_gone("APP_KEY=base64:" .. app .. "\n", app)
+  assert_gone("machine a.example login u1 password " .. pw .. " machine b.example login u2 password x" .. pw, "x" .. pw)
+end
+
 -- ---- streaming: any length, any reads, diff hunks --------------------------------------
 
 TestStreaming = {}
