@@ -137,7 +137,8 @@ def table(stockade, compare=None):
     cols = ["family", "written-with"] + (["held-out, compared"] if old else []) + [
         "held-out"] + (["held-out negatives intact, compared → now"] if old else ["held-out negatives intact"])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    fams = sorted(set(now["written"]["families"]) | set(now["held-out"]["families"]))
+    fams = sorted(set(now["written"]["families"]) | set(now["held-out"]["families"])
+                  | set(now["held-out"]["negatives_by_family"]))
     totals = {}
 
     def add(key, v):
