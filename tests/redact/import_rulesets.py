@@ -567,21 +567,28 @@ def rnd(n, alphabet=ALNUM):
     return "".join(R.choice(alphabet) for _ in range(n))
 
 
+B64 = ALNUM + "+/"
+HEX = "0123456789abcdef"
+
+
+def recorder(positives, negatives, tag):
+    """pos(family, what, text, *secrets) and neg(family, what, text), sourced "tag:what"."""
+    def pos(family, what, text, *secrets):
+        for x in secrets:
+            assert x in text, (what, x)
+        positives.append({"family": family, "source": tag + ":" + what, "text": text, "secrets": list(secrets)})
+
+    def neg(family, what, text):
+        negatives.append({"family": family, "source": tag + ":" + what, "text": text})
+    return pos, neg
+
+
 def own_heldout(positives, negatives):
     """Families no public rule set has a test list for (connection strings, .netrc,
     docker and kube config, .env, URL credentials, service-account JSON, header
     schemes): shapes written for this set after the rules, from the tools' own
     documentation, and never used while writing the rules. Source "heldout:<what>"."""
-    B64 = ALNUM + "+/"
-    HEX = "0123456789abcdef"
-
-    def pos(family, what, text, *secrets):
-        for x in secrets:
-            assert x in text, (what, x)
-        positives.append({"family": family, "source": "heldout:" + what, "text": text, "secrets": list(secrets)})
-
-    def neg(family, what, text):
-        negatives.append({"family": family, "source": "heldout:" + what, "text": text})
+    pos, neg = recorder(positives, negatives, "heldout")
 
     pw = lambda: rnd(R.randrange(10, 22), ALNUM + "!*-_.~") + R.choice("0123456789")
 
@@ -713,13 +720,7 @@ def own_heldout_after_fixes(positives, negatives):
     cases and scored before any further change: real tools' outputs an agent prints
     (az, kubectl, terraform, docker inspect, git credential, framework .env files).
     Source "heldout2:<what>"."""
-    B64 = ALNUM + "+/"
-    HEX = "0123456789abcdef"
-
-    def pos(family, what, text, *secrets):
-        for x in secrets:
-            assert x in text, (what, x)
-        positives.append({"family": family, "source": "heldout2:" + what, "text": text, "secrets": list(secrets)})
+    pos, neg = recorder(positives, negatives, "heldout2")
 
     pw = lambda: rnd(R.randrange(12, 24), ALNUM + "!*-_.~") + R.choice("0123456789")
     for _ in range(3):
@@ -770,7 +771,7 @@ def own_heldout_after_fixes(positives, negatives):
     for t in ['"keyName": "key1",', "        - name: LOG_LEVEL\n          value: info",
               '{"db_host": {"sensitive": false, "value": "db.internal"}}',
               "protocol=https\nhost=github.com\nusername=bob\n", "APP_NAME=shop\nAPP_ENV=production\n"]:
-        negatives.append({"family": "ordinary", "source": "heldout2:outputs without secrets", "text": t})
+        neg("ordinary", "outputs without secrets", t)
 
 
 def payload_secret(family, text):
