@@ -755,11 +755,39 @@ local function new_diff()
   return d
 end
 
--- Tools added, removed and changed.
-local function diff_tools(old, new, d)
-  local added, removed, problems, widened, change = d.added, d.removed, d.problems, d.widened,
-                                                    d.change
-  local OT, NT = old.timeouts, new.timeouts
+-- Every key of two maps whose value differs, as a change of FIELD.KEY shown by fmt(k, v);
+-- it widens (why) where both values are numbers and the new one is larger, unless the
+-- key is in `exempt`.
+local function diff_numbers(d, scope, field, old_map, new_map, fmt, why, exempt)
+  local keys = {}
+  for k in pairs(old_map) do keys[k] = true end
+  for k in pairs(new_map) do keys[k] = true end
+  for _, k in ipairs(sorted_keys(keys)) do
+    local a, b = old_map[k], new_map[k]
+    if not same(a, b) then
+      local widens = type(a) == "number" and type(b) == "number" and b > a
+                     and not (exempt and exempt[k])
+      d.change(scope, field .. "." .. k, a and fmt(k, a), b and fmt(k, b), widens and why or nil,
+               a, b)
+    end
+  end
+end
+
+-- The names two lists hold, added and removed, one change each; why_added / why_removed
+-- say which of the two widens.
+local function diff_set(d, scope, field, old_list, new_list, why_added, why_removed)
+  local o, n = set_of(old_list), set_of(new_list)
+  for _, e in ipairs(sorted_keys(n)) do
+    if not o[e] then d.change(scope, field, nil, e, why_added) end
+  end
+  for _, e in ipairs(sorted_keys(o)) do
+    if not n[e] then d.change(scope, field, e, nil, why_removed) end
+  end
+end
+
+-- Tools added (each widens; one without a schema, an owner or a timeout is a problem)
+-- and removed.
+local function diff_tool_set(old, new, d)
   for _, name in ipairs(sorted_keys(new.tools)) do
     local t = new.tools[name]
     if old.tools[name] == nil then
@@ -767,109 +795,104 @@ local function diff_tools(old, new, d)
       for _, f in ipairs { "schema", "owner", "timeout" } do
         if t[f] == nil or t[f] == "" then missing[#missing + 1] = f end
       end
-      added[#added + 1] = { tool = name, path = t.path, owner = t.owner, timeout = t.timeout,
-                            at = t.at, missing = array(missing) }
-      widened[#widened + 1] = { scope = "tool " .. name, field = "(tool)", why = "new tool" }
+      d.added[#d.added + 1] = { tool = name, path = t.path, owner = t.owner, timeout = t.timeout,
+                                at = t.at, missing = array(missing) }
+      d.widened[#d.widened + 1] = { scope = "tool " .. name, field = "(tool)", why = "new tool" }
       for _, f in ipairs(missing) do
-        problems[#problems + 1] = string.format("%s: tool %s: added without %s %s",
-                                                t.at or new.file, name,
-                                                f == "owner" and "an" or "a", f)
+        d.problems[#d.problems + 1] = string.format("%s: tool %s: added without %s %s",
+                                                    t.at or new.file, name,
+                                                    f == "owner" and "an" or "a", f)
       end
     end
   end
   for _, name in ipairs(sorted_keys(old.tools)) do
-    if new.tools[name] == nil then removed[#removed + 1] = name end
+    if new.tools[name] == nil then d.removed[#d.removed + 1] = name end
   end
-  for _, name in ipairs(sorted_keys(new.tools)) do
-    local o, n = old.tools[name], new.tools[name]
-    if o then
-      local scope = "tool " .. name
-      local fields = {}
-      for k in pairs(o) do fields[k] = true end
-      for k in pairs(n) do fields[k] = true end
-      fields.at = nil
-      for _, f in ipairs(sorted_keys(fields)) do
-        local ov, nv = o[f], n[f]
-        if f == "timeout" then
-          local oe, ne = ov or OT.call, nv or NT.call
-          if not same(ov, nv) then
-            change(scope, "timeout",
-                   ov and fmt_ms(ov) or (fmt_ms(OT.call) .. " (timeouts.call)"),
-                   nv and fmt_ms(nv) or (fmt_ms(NT.call) .. " (timeouts.call)"),
-                   (oe and ne and ne > oe) and "longer timeout" or nil, oe, ne)
-          end
-        elseif f == "limits" then
-          local keys = {}
-          for k in pairs(type(ov) == "table" and ov or {}) do keys[k] = true end
-          for k in pairs(type(nv) == "table" and nv or {}) do keys[k] = true end
-          for _, k in ipairs(sorted_keys(keys)) do
-            local a = (ov or {})[k] or old.limits[k]
-            local b = (nv or {})[k] or new.limits[k]
-            if not same((ov or {})[k], (nv or {})[k]) then
-              change(scope, "limits." .. k, a and fmt_limit(k, a), b and fmt_limit(k, b),
-                     (type(a) == "number" and type(b) == "number" and b > a) and "larger limit"
-                     or nil, a, b)
-            end
-          end
-        elseif f == "env" then
-          local os_, ns = set_of(ov), set_of(nv)
-          for _, e in ipairs(sorted_keys(ns)) do
-            if not os_[e] then change(scope, "env", nil, e, "env allow name added") end
-          end
-          for _, e in ipairs(sorted_keys(os_)) do
-            if not ns[e] then change(scope, "env", e, nil, nil) end
-          end
-        elseif not same(ov, nv) then
-          local why
-          if f == "accept" then
-            why = nv == nil and "accept hook removed" or (ov ~= nil and "accept hook changed" or nil)
-          elseif f == "redact" then
-            why = nv == nil and "redaction removed" or (ov ~= nil and "redaction changed" or nil)
-          elseif f == "path" then
-            why = "runs a different binary"
-          elseif f == "schema" and nv == nil then
-            why = "schema removed"
-          end
-          change(scope, f, ov, nv, why, ov, nv)
-        end
-      end
-    end
-  end
-
 end
 
--- Policy-wide fields: isolation, timeouts, limits, env, mounts, network, redaction.
-local function diff_policy(old, new, d)
-  local change = d.change
-  local OT, NT = old.timeouts, new.timeouts
-  local P = "policy"
-  if old.name ~= new.name then change(P, "name", old.name, new.name) end
+-- Why a change of a tool's field F from ov to nv widens, or nil.
+local function tool_field_widens(f, ov, nv)
+  if f == "accept" then
+    return nv == nil and "accept hook removed" or (ov ~= nil and "accept hook changed" or nil)
+  elseif f == "redact" then
+    return nv == nil and "redaction removed" or (ov ~= nil and "redaction changed" or nil)
+  elseif f == "path" then
+    return "runs a different binary"
+  elseif f == "schema" and nv == nil then
+    return "schema removed"
+  end
+end
+
+-- The fields of a tool both policies have. Its timeout and limits fall back to the
+-- policy's, which the table shows.
+local function diff_tool(old, new, d, name)
+  local o, n = old.tools[name], new.tools[name]
+  local scope = "tool " .. name
+  local fields = {}
+  for k in pairs(o) do fields[k] = true end
+  for k in pairs(n) do fields[k] = true end
+  fields.at = nil
+  for _, f in ipairs(sorted_keys(fields)) do
+    local ov, nv = o[f], n[f]
+    if f == "timeout" then
+      local OT, NT = old.timeouts, new.timeouts
+      local oe, ne = ov or OT.call, nv or NT.call
+      if not same(ov, nv) then
+        d.change(scope, "timeout",
+                 ov and fmt_ms(ov) or (fmt_ms(OT.call) .. " (timeouts.call)"),
+                 nv and fmt_ms(nv) or (fmt_ms(NT.call) .. " (timeouts.call)"),
+                 (oe and ne and ne > oe) and "longer timeout" or nil, oe, ne)
+      end
+    elseif f == "limits" then
+      local keys = {}
+      for k in pairs(type(ov) == "table" and ov or {}) do keys[k] = true end
+      for k in pairs(type(nv) == "table" and nv or {}) do keys[k] = true end
+      for _, k in ipairs(sorted_keys(keys)) do
+        local a = (ov or {})[k] or old.limits[k]
+        local b = (nv or {})[k] or new.limits[k]
+        if not same((ov or {})[k], (nv or {})[k]) then
+          d.change(scope, "limits." .. k, a and fmt_limit(k, a), b and fmt_limit(k, b),
+                   (type(a) == "number" and type(b) == "number" and b > a) and "larger limit"
+                   or nil, a, b)
+        end
+      end
+    elseif f == "env" then
+      diff_set(d, scope, "env", ov, nv, "env allow name added", nil)
+    elseif not same(ov, nv) then
+      d.change(scope, f, ov, nv, tool_field_widens(f, ov, nv), ov, nv)
+    end
+  end
+end
+
+local function diff_tools(old, new, d)
+  diff_tool_set(old, new, d)
+  for _, name in ipairs(sorted_keys(new.tools)) do
+    if old.tools[name] then diff_tool(old, new, d, name) end
+  end
+end
+
+-- Policy-wide fields, one function each, in the order the changes are listed.
+local P = "policy"
+
+local function diff_identity(old, new, d)
+  if old.name ~= new.name then d.change(P, "name", old.name, new.name) end
   if old.isolation ~= new.isolation then
-    change(P, "isolation", old.isolation, new.isolation,
-           (old.isolation == "strict" and new.isolation ~= "strict") and "isolation weakened" or nil)
+    d.change(P, "isolation", old.isolation, new.isolation,
+             (old.isolation == "strict" and new.isolation ~= "strict") and "isolation weakened"
+             or nil)
   end
-  local tkeys = {}
-  for k in pairs(OT) do tkeys[k] = true end
-  for k in pairs(NT) do tkeys[k] = true end
-  for _, k in ipairs(sorted_keys(tkeys)) do
-    local a, b = OT[k], NT[k]
-    if not same(a, b) then
-      local widen = type(a) == "number" and type(b) == "number" and b > a and k ~= "deadline_min"
-      change(P, "timeouts." .. k, a and fmt_ms(a), b and fmt_ms(b),
-             widen and "longer timeout" or nil, a, b)
-    end
-  end
-  local lkeys = {}
-  for k in pairs(old.limits) do lkeys[k] = true end
-  for k in pairs(new.limits) do lkeys[k] = true end
-  for _, k in ipairs(sorted_keys(lkeys)) do
-    local a, b = old.limits[k], new.limits[k]
-    if not same(a, b) then
-      change(P, "limits." .. k, a and fmt_limit(k, a), b and fmt_limit(k, b),
-             (type(a) == "number" and type(b) == "number" and b > a) and "larger limit" or nil,
-             a, b)
-    end
-  end
+end
+
+local function diff_timeouts(old, new, d)
+  diff_numbers(d, P, "timeouts", old.timeouts, new.timeouts, function(_, v) return fmt_ms(v) end,
+               "longer timeout", { deadline_min = true })
+end
+
+local function diff_limits(old, new, d)
+  diff_numbers(d, P, "limits", old.limits, new.limits, fmt_limit, "larger limit")
+end
+
+local function diff_env(old, new, d)
   if old.env.path ~= new.env.path then
     local had = {}
     for dir in tostring(old.env.path or ""):gmatch("[^:]+") do had[dir] = true end
@@ -877,69 +900,64 @@ local function diff_policy(old, new, d)
     for dir in tostring(new.env.path or ""):gmatch("[^:]+") do
       if not had[dir] then more = true end
     end
-    change(P, "env.path", old.env.path, new.env.path, more and "PATH directory added" or nil)
+    d.change(P, "env.path", old.env.path, new.env.path, more and "PATH directory added" or nil)
   end
-  do
-    local oa, na = set_of(old.env.allow), set_of(new.env.allow)
-    for _, e in ipairs(sorted_keys(na)) do
-      if not oa[e] then change(P, "env.allow", nil, e, "env allow name added") end
-    end
-    for _, e in ipairs(sorted_keys(oa)) do
-      if not na[e] then change(P, "env.allow", e, nil) end
-    end
-    local od, nd = set_of(old.env.deny), set_of(new.env.deny)
-    for _, e in ipairs(sorted_keys(nd)) do
-      if not od[e] then change(P, "env.deny", nil, e) end
-    end
-    for _, e in ipairs(sorted_keys(od)) do
-      if not nd[e] then change(P, "env.deny", e, nil, "env deny glob removed") end
-    end
-  end
-  do
-    local om, nm = mounts_by_target(old.mounts), mounts_by_target(new.mounts)
-    local function desc(m) return m and string.format("%s -> %s (%s)", tostring(m[1]), tostring(m[2]),
-                                                      m.ro and "ro" or "rw") end
-    local function mj(m) return m and { host = m[1], target = m[2], ro = m.ro == true } end
-    for _, target in ipairs(sorted_keys(nm)) do
-      local a, b = om[target], nm[target]
-      if not a then
-        change(P, "mounts", nil, desc(b), b.ro and "new read-only mount" or "new writable mount",
-               nil, mj(b))
-      elseif not same(a, b) then
-        local why
-        if a.ro and not b.ro then why = "mount made writable"
-        elseif a[1] ~= b[1] then why = "mount source changed" end
-        change(P, "mounts", desc(a), desc(b), why, mj(a), mj(b))
-      end
-    end
-    for _, target in ipairs(sorted_keys(om)) do
-      if not nm[target] then change(P, "mounts", desc(om[target]), nil, nil, mj(om[target])) end
-    end
-  end
-  if not same(old.network, new.network) then
-    local ro, rn = network_rank(old.network), network_rank(new.network)
-    local why = rn > ro and "network opened" or nil
-    change(P, "network", network_str(old.network), network_str(new.network), why, old.network,
-           new.network)
-  end
-  do
-    local on, nn = redactor_names(old.redact), redactor_names(new.redact)
-    local have = set_of(nn)
-    local lost = {}
-    for _, r in ipairs(on) do if not have[r] then lost[#lost + 1] = r:match("^[^:]*") end end
-    if not same(old.redact, new.redact) then
-      local function count(n) return string.format("%d redactor%s", n, n == 1 and "" or "s") end
-      change(P, "redact", count(#on), count(#nn),
-             #lost > 0 and ("redactor removed: " .. table.concat(lost, ", ")) or nil, #on, #nn)
-    end
-  end
-
+  diff_set(d, P, "env.allow", old.env.allow, new.env.allow, "env allow name added", nil)
+  diff_set(d, P, "env.deny", old.env.deny, new.env.deny, nil, "env deny glob removed")
 end
+
+local function mount_desc(m)
+  return m and string.format("%s -> %s (%s)", tostring(m[1]), tostring(m[2]), m.ro and "ro" or "rw")
+end
+local function mount_json(m) return m and { host = m[1], target = m[2], ro = m.ro == true } end
+
+local function diff_mounts(old, new, d)
+  local om, nm = mounts_by_target(old.mounts), mounts_by_target(new.mounts)
+  for _, target in ipairs(sorted_keys(nm)) do
+    local a, b = om[target], nm[target]
+    if not a then
+      d.change(P, "mounts", nil, mount_desc(b),
+               b.ro and "new read-only mount" or "new writable mount", nil, mount_json(b))
+    elseif not same(a, b) then
+      local why
+      if a.ro and not b.ro then why = "mount made writable"
+      elseif a[1] ~= b[1] then why = "mount source changed" end
+      d.change(P, "mounts", mount_desc(a), mount_desc(b), why, mount_json(a), mount_json(b))
+    end
+  end
+  for _, target in ipairs(sorted_keys(om)) do
+    if not nm[target] then
+      d.change(P, "mounts", mount_desc(om[target]), nil, nil, mount_json(om[target]))
+    end
+  end
+end
+
+local function diff_network(old, new, d)
+  if not same(old.network, new.network) then
+    local why = network_rank(new.network) > network_rank(old.network) and "network opened" or nil
+    d.change(P, "network", network_str(old.network), network_str(new.network), why, old.network,
+             new.network)
+  end
+end
+
+local function diff_redact(old, new, d)
+  if same(old.redact, new.redact) then return end
+  local on, nn = redactor_names(old.redact), redactor_names(new.redact)
+  local have = set_of(nn)
+  local lost = {}
+  for _, r in ipairs(on) do if not have[r] then lost[#lost + 1] = r:match("^[^:]*") end end
+  local function count(n) return string.format("%d redactor%s", n, n == 1 and "" or "s") end
+  d.change(P, "redact", count(#on), count(#nn),
+           #lost > 0 and ("redactor removed: " .. table.concat(lost, ", ")) or nil, #on, #nn)
+end
+
+local POLICY_DIFFS = { diff_identity, diff_timeouts, diff_limits, diff_env, diff_mounts,
+                       diff_network, diff_redact }
 
 local function diff_policies(old, new)
   local d = new_diff()
   diff_tools(old, new, d)
-  diff_policy(old, new, d)
+  for _, diff in ipairs(POLICY_DIFFS) do diff(old, new, d) end
   return d
 end
 
@@ -951,25 +969,22 @@ local function diff_verdict(d, fail_on_widen)
 end
 
 local function render_diff_json(old, new, d, status)
-  local changes, added, removed, problems, widened = d.changes, d.added, d.removed, d.problems,
-                                                     d.widened
-    local jchanges = array()
-    for _, c in ipairs(changes) do
-      jchanges[#jchanges + 1] = { scope = c.scope, field = c.field,
-                                  old = json_value(c.old_value == nil and c.old or c.old_value),
-                                  new = json_value(c.new_value == nil and c.new or c.new_value),
-                                  widens = c.widens, why = c.why }
-    end
-    local jadded = array()
-    for _, a in ipairs(added) do jadded[#jadded + 1] = a end
-    local jw = array()
-    for _, w in ipairs(widened) do jw[#jw + 1] = w end
-    printf("%s\n", json.encode({
-      old = old.file, new = new.file, old_sha256 = old.sha256, new_sha256 = new.sha256,
-      added = jadded, removed = array(removed), changed = jchanges, widened = jw,
-      problems = array(problems), status = status,
-    }, "  "))
-
+  local jchanges = array()
+  for _, c in ipairs(d.changes) do
+    jchanges[#jchanges + 1] = { scope = c.scope, field = c.field,
+                                old = json_value(c.old_value == nil and c.old or c.old_value),
+                                new = json_value(c.new_value == nil and c.new or c.new_value),
+                                widens = c.widens, why = c.why }
+  end
+  local jadded = array()
+  for _, a in ipairs(d.added) do jadded[#jadded + 1] = a end
+  local jw = array()
+  for _, w in ipairs(d.widened) do jw[#jw + 1] = w end
+  printf("%s\n", json.encode({
+    old = old.file, new = new.file, old_sha256 = old.sha256, new_sha256 = new.sha256,
+    added = jadded, removed = array(d.removed), changed = jchanges, widened = jw,
+    problems = array(d.problems), status = status,
+  }, "  "))
 end
 
 local function render_diff_table(old, new, d)
