@@ -25,4 +25,13 @@ void cli_opt_log_level(const char *name);
 size_t cli_opt_max_message(const char *size);
 void cli_opt_uid_range(const char *range, struct uid_range *out);
 
+/* What `serve` and `mcp` start from, before their options: the server's defaults (the
+ * policy from $STOCKADE_POLICY), logging as JSON lines at info, getopt reset. */
+struct server_opts;
+void cli_server_opts_init(struct server_opts *o);
+/* ... and after them: /etc/stockade/policy.lua where no policy was named, and the state
+ * directory (--state-dir or the environment's; the caller frees it once the server has
+ * run); dies when there is none. */
+char *cli_server_opts_finish(struct server_opts *o, const char *state_flag);
+
 #endif

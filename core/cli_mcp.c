@@ -2,9 +2,8 @@
  * core/server.c. */
 #include "cli.h"
 #include "mcp.h"
-#include "root.h"
-#include "rpc.h"
 #include "server.h"
+#include "util.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -37,19 +36,12 @@ int cli_mcp(int argc, char **argv)
         {"log-level", required_argument, 0, 'E'}, {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    struct server_opts so = {
-        .policy_path = getenv("STOCKADE_POLICY"),
-        .max_message = RPC_MAX_MESSAGE_DEFAULT,
-        .drain_ms = 10000,
-        .uids = UID_RANGE_DEFAULT,
-    };
+    struct server_opts so;
+    cli_server_opts_init(&so);
     struct mcp_opts mo = {.max_message = MCP_MAX_MESSAGE_DEFAULT};
     const char *state_flag = NULL;
     int64_t v;
     int opt;
-    log_threshold = LOG_INFO;
-    log_json = true;
-    optind = 1;
     while ((opt = getopt_long(argc, argv, "+p:d:t:m:u:h", opts, NULL)) != -1) {
         switch (opt) {
         case 'p': so.policy_path = optarg; break;
@@ -69,13 +61,8 @@ int cli_mcp(int argc, char **argv)
     }
     if (optind < argc)
         die("mcp: unexpected argument '%s'", argv[optind]);
-    if (!so.policy_path)
-        so.policy_path = "/etc/stockade/policy.lua";
     so.allow_uids[so.n_allow_uids++] = geteuid();
-    char *state_dir = root_state_dir(state_flag);
-    if (!state_dir)
-        die("no state dir: pass --state-dir, or set STOCKADE_STATE_DIR or XDG_RUNTIME_DIR");
-    so.state_dir = state_dir;
+    char *state_dir = cli_server_opts_finish(&so, state_flag);
     /* a JSON message becomes one msgpack request: the server must take what we take */
     if (so.max_message < mo.max_message + 4096)
         so.max_message = mo.max_message + 4096;

@@ -78,6 +78,30 @@ void cli_opt_uid_range(const char *range, struct uid_range *out)
         die("--uid-range: expected FIRST-LAST with 0 < FIRST <= LAST, got '%s'", range);
 }
 
+void cli_server_opts_init(struct server_opts *o)
+{
+    *o = (struct server_opts){
+        .policy_path = getenv("STOCKADE_POLICY"),
+        .max_message = RPC_MAX_MESSAGE_DEFAULT,
+        .drain_ms = 10000,
+        .uids = UID_RANGE_DEFAULT,
+    };
+    log_threshold = LOG_INFO;
+    log_json = true;
+    optind = 1;
+}
+
+char *cli_server_opts_finish(struct server_opts *o, const char *state_flag)
+{
+    if (!o->policy_path)
+        o->policy_path = "/etc/stockade/policy.lua";
+    char *state_dir = root_state_dir(state_flag);
+    if (!state_dir)
+        die("no state dir: pass --state-dir, or set STOCKADE_STATE_DIR or XDG_RUNTIME_DIR");
+    o->state_dir = state_dir;
+    return state_dir;
+}
+
 static void add_uid(const char *flag, const char *arg, uid_t *uids, size_t *n)
 {
     char *end;
@@ -103,21 +127,14 @@ int cli_serve(int argc, char **argv)
         {"slow-reader", required_argument, 0, 'W'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
-    struct server_opts o = {
-        .policy_path = getenv("STOCKADE_POLICY"),
-        .max_message = RPC_MAX_MESSAGE_DEFAULT,
-        .drain_ms = 10000,
-        .slow_reader_ms = RPC_SLOW_READER_MS_DEFAULT,
-        .uids = UID_RANGE_DEFAULT,
-        .socket_mode = 0600,
-        .socket_gid = (gid_t)-1,
-    };
+    struct server_opts o;
+    cli_server_opts_init(&o);
+    o.slow_reader_ms = RPC_SLOW_READER_MS_DEFAULT;
+    o.socket_mode = 0600;
+    o.socket_gid = (gid_t)-1;
     const char *state_flag = NULL;
     int64_t v;
     int opt;
-    log_threshold = LOG_INFO;
-    log_json = true;
-    optind = 1;
     while ((opt = getopt_long(argc, argv, "+p:d:l:a:m:t:u:vh", opts, NULL)) != -1) {
         switch (opt) {
         case 'p': o.policy_path = optarg; break;
@@ -183,8 +200,6 @@ int cli_serve(int argc, char **argv)
     }
     if (optind < argc)
         die("serve: unexpected argument '%s'", argv[optind]);
-    if (!o.policy_path)
-        o.policy_path = "/etc/stockade/policy.lua";
     o.listen_fd = service_listen_fd();
     if (o.listen_fd >= 0 && o.listen_path)
         die("--listen: systemd passed a socket already (LISTEN_FDS); drop --listen");
@@ -192,10 +207,7 @@ int cli_serve(int argc, char **argv)
         o.allow_uids[o.n_allow_uids++] = geteuid();
     if (o.n_admin_uids == 0)
         o.admin_uids[o.n_admin_uids++] = geteuid();
-    char *state_dir = root_state_dir(state_flag);
-    if (!state_dir)
-        die("no state dir: pass --state-dir, or set STOCKADE_STATE_DIR or XDG_RUNTIME_DIR");
-    o.state_dir = state_dir;
+    char *state_dir = cli_server_opts_finish(&o, state_flag);
     int rc = server_run(&o);
     free(state_dir);
     return rc;
