@@ -2,6 +2,7 @@
 -- and a table of refused invocations, each with the reason the model is told.
 local lu = require "luaunit"
 local testing = require "stockade.testing"
+local refusals = require "tests.lua.refusals"
 local p = testing.load("tests/fixtures/git_plugin.lua")
 
 local REFUSED = {
@@ -51,13 +52,7 @@ local REFUSED = {
 }
 
 function test_refused()
-  for _, case in ipairs(REFUSED) do
-    local tool, argv, fragment = case[1], case[2], case[3]
-    local d = p:decide(tool, argv)
-    local what = tool .. " " .. table.concat(argv, " ")
-    lu.assertEquals(d.class, "POLICY_VIOLATION", what .. " was accepted")
-    lu.assertStrContains(d.message, fragment, false, what)
-  end
+  refusals.assert_all_refused(p, REFUSED)
 end
 
 function test_allowed()

@@ -1,6 +1,7 @@
 -- dev-tools: what a coding agent may and may not do, decision by decision.
 local lu = require "luaunit"
 local testing = require "stockade.testing"
+local refusals = require "tests.lua.refusals"
 local p = testing.load("policies/dev-tools.lua")
 
 local function refused(tool, argv, fragment, opts)
@@ -156,13 +157,7 @@ local REFUSED = {
 }
 
 function test_each_tool_refuses_what_its_comment_says()
-  for _, case in ipairs(REFUSED) do
-    local tool, argv, fragment = case[1], case[2], case[3]
-    local d = p:decide(tool, argv)
-    local what = tool .. " " .. table.concat(argv, " ")
-    lu.assertEquals(d.class, "POLICY_VIOLATION", what .. " was accepted")
-    lu.assertStrContains(d.message, fragment, false, what)
-  end
+  refusals.assert_all_refused(p, REFUSED)
 end
 
 function test_the_same_tools_still_work()
