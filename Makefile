@@ -175,13 +175,11 @@ $(FZ)/lua_embed.c: $(LUA_SRC) $(PLUGIN_SRC) contrib/embed-lua.sh | $(FZ)/.dir
 	sh contrib/embed-lua.sh $(LUA_SRC) $(PLUGIN_SRC) > $@
 $(FZ)/lua_embed.o: $(FZ)/lua_embed.c
 	clang $(FZ_FLAGS) -c -o $@ $<
-$(FZ)/fuzz_rpc: tests/fuzz/fuzz_rpc.c tests/fuzz/spawn_stub.c $(FZ_OBJ)
-	clang $(FZ_FLAGS) -fsanitize=fuzzer -Wl,--wrap=spawn_start,--wrap=zygote_start,--wrap=zygote_start_begin -o $@ $^ \
-	    $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm -pthread
-# ... and over `stockade mcp`'s JSON-RPC decoder and dispatcher, the same way.
-$(FZ)/fuzz_mcp: tests/fuzz/fuzz_mcp.c tests/fuzz/spawn_stub.c $(FZ_OBJ)
-	clang $(FZ_FLAGS) -fsanitize=fuzzer -Wl,--wrap=spawn_start,--wrap=zygote_start,--wrap=zygote_start_begin -o $@ $^ \
-	    $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm -pthread
+# fuzz_rpc, and fuzz_mcp over `stockade mcp`'s JSON-RPC decoder and dispatcher, the same
+# way: both on the server of tests/fuzz/fuzz_server.c.
+$(FZ)/fuzz_rpc $(FZ)/fuzz_mcp: $(FZ)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_server.c tests/fuzz/fuzz_server.h tests/fuzz/spawn_stub.c $(FZ_OBJ)
+	clang $(FZ_FLAGS) -fsanitize=fuzzer -Wl,--wrap=spawn_start,--wrap=zygote_start,--wrap=zygote_start_begin \
+	    -o $@ $(filter %.c %.o,$^) $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lev -lm -pthread
 $(FZ)/.dir:
 	@mkdir -p $(FZ) && touch $@
 fuzz: deps
