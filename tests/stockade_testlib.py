@@ -1,14 +1,17 @@
 """What the pytest suites (tests/integration, tests/security, tests/redact) share: where
 the repository, the binary and the fixtures are, a state directory a tool's uid can
-reach, and reading processes from /proc.
+reach, fixture policies at either isolation level, and reading processes from /proc.
 
 tests/pytest.ini puts this directory (this module, serve_helpers.py) and contrib/python
 (the client package) on sys.path, so a suite imports `from stockade_testlib import ...`
 without knowing where it runs from.
 """
 
+import atexit
 import contextlib
 import os
+import random
+import re
 import shutil
 import signal
 import tempfile
@@ -72,6 +75,46 @@ def state_directory(prefix):
         force_rmtree(path)
 
 
+# ---------------------------------------------------------------- fixtures at a level
+
+_variants_dir = None
+
+
+def policy_at_level(path, level):
+    """The fixture policy at `path`, written once at isolation = "process", at `level`:
+    the file itself for "process"; for another level a copy that differs only in its
+    `isolation` (and a name ending in -process, which ends in -LEVEL), made once per run
+    in a directory removed at exit. The tests and the bench take both levels from here."""
+    if level == "process":
+        return path
+    global _variants_dir
+    if _variants_dir is None:
+        _variants_dir = tempfile.mkdtemp(prefix="stockade-fixtures-",
+                                         dir=os.environ.get("STOCKADE_TEST_TMPDIR", "/var/tmp"))
+        owner = os.getpid()      # not a forked child's exit
+        atexit.register(lambda d=_variants_dir: os.getpid() == owner and force_rmtree(d))
+    name = os.path.basename(path)
+    out = os.path.join(_variants_dir, re.sub(r"_process\.lua$", "", name) + f"_{level}.lua")
+    if not os.path.exists(out):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        text, n = re.subn(r'^(\s*)isolation = "process",', rf'\1isolation = "{level}",', text,
+                          flags=re.M)
+        if n != 1:
+            raise ValueError(f"{path}: expected one `isolation = \"process\",` line, found {n}")
+        text = re.sub(r'^(\s*name = "[^"]*)-process"', rf'\1-{level}"', text, count=1, flags=re.M)
+        with open(out + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(out + ".tmp", out)
+    return out
+
+
+def fixture_levels(name):
+    """{level: path} of tests/fixtures/NAME_process.lua at both levels."""
+    source = os.path.join(FIXTURES, f"{name}_process.lua")
+    return {level: policy_at_level(source, level) for level in ("process", "strict")}
+
+
 # ---------------------------------------------------------------- processes (/proc)
 
 
@@ -121,3 +164,21 @@ def kill_pids(pids):
             os.kill(p, signal.SIGKILL)
         except OSError:
             pass
+
+
+@pytest.fixture
+def marker():
+    """marker() -> digits that make a `sleep` argument (`sleep 300.<digits>`), and the
+    script holding it, unique on the host, so its processes can be found whatever pid
+    namespace the tool ran in. At teardown every live process holding one is SIGKILLed
+    by pid (ours by construction), also when the test stopped early."""
+    issued = []
+
+    def _new():
+        m = f"{random.randrange(10**8):08d}"
+        issued.append(m)
+        return m
+
+    yield _new
+    for m in issued:
+        kill_pids(live_with_marker(m))

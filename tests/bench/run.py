@@ -53,8 +53,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.path.join(REPO, "build", "bench")
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
-POLICY = {"process": os.path.join(FIXTURES, "bench_process.lua"),
-          "strict": os.path.join(FIXTURES, "bench_strict.lua")}
+sys.path.insert(0, os.path.dirname(HERE))
+from stockade_testlib import fixture_levels  # noqa: E402
+
+POLICY = fixture_levels("bench")     # bench_process.lua, and at isolation "strict"
 RUN_PLAIN = os.path.join(FIXTURES, "bench_run_plain.lua")
 GIB = 1 << 30
 

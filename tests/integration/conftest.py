@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from stockade_testlib import FIXTURES, POLICY, state_directory, stockade  # noqa: F401 (a fixture)
+from stockade_testlib import FIXTURES, POLICY, marker, state_directory, stockade  # noqa: F401 (fixtures)
 
 # Upper bound on how long one `stockade run` may take before the test calls it hung.
 RUN_TIMEOUT = 30.0

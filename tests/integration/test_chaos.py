@@ -32,10 +32,9 @@ import pytest
 
 from serve_helpers import assert_marker_gone, clean_env, sessions_left, wait_until
 from stockade_client import Client, StockadeError
-from stockade_testlib import FIXTURES
+from stockade_testlib import fixture_levels
 
-POLICIES = {"process": os.path.join(FIXTURES, "recovery_process.lua"),
-            "strict": os.path.join(FIXTURES, "recovery_strict.lua")}
+POLICIES = fixture_levels("recovery")
 ITERATIONS = {"process": 150, "strict": 100}
 BUDGET_S = {"process": 50.0, "strict": 50.0}
 MIN_ITERATIONS = 30                 # under heavy load the budget may end it early

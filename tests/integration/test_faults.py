@@ -19,10 +19,10 @@ import pytest
 
 from serve_helpers import children, clean_env, fd_count, proc_state, wait_until
 from stockade_client import StockadeError
-from stockade_testlib import FIXTURES
+from stockade_testlib import FIXTURES, fixture_levels
 
-PROCESS_POLICY = os.path.join(FIXTURES, "recovery_process.lua")
-STRICT_POLICY = os.path.join(FIXTURES, "recovery_strict.lua")
+POLICIES = fixture_levels("recovery")
+PROCESS_POLICY, STRICT_POLICY = POLICIES["process"], POLICIES["strict"]
 ALARMS_POLICY = os.path.join(FIXTURES, "alarms.lua")
 POLICIES = {"process": PROCESS_POLICY, "strict": STRICT_POLICY}
 

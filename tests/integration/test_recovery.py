@@ -16,13 +16,13 @@ import time
 
 import pytest
 
-from serve_helpers import (FIXTURES, START_TIMEOUT, assert_marker_gone, clean_env,
+from serve_helpers import (START_TIMEOUT, assert_marker_gone, clean_env,
                            live_with_marker, sessions_left, wait_until)
 from stockade_client import NoSuchSession
+from stockade_testlib import fixture_levels
 
-PROCESS_POLICY = os.path.join(FIXTURES, "recovery_process.lua")
-STRICT_POLICY = os.path.join(FIXTURES, "recovery_strict.lua")
-POLICIES = {"process": PROCESS_POLICY, "strict": STRICT_POLICY}
+POLICIES = fixture_levels("recovery")
+PROCESS_POLICY, STRICT_POLICY = POLICIES["process"], POLICIES["strict"]
 
 
 

@@ -6,7 +6,6 @@ timeouts; nothing sleeps and hopes.
 """
 
 import os
-import random
 import re
 import signal
 import stat
@@ -37,21 +36,10 @@ def is_int(v):
 
 
 @pytest.fixture
-def nonce():
-    """nonce() -> fractional digits that make a `sleep` argument (and the script holding
-    it) unique on the host, so its processes can be found whatever pid namespace the tool
-    ran in. At teardown, any process still holding one is killed by pid, also when the
-    test stopped early (e.g. stockade hung), so a failing run leaves nothing behind."""
-    issued = []
-
-    def _new():
-        n = f"{random.randrange(10**8):08d}"
-        issued.append(n)
-        return n
-
-    yield _new
-    for n in issued:
-        kill_pids(live_with_marker(n))
+def nonce(marker):
+    """stockade_testlib's marker: digits for `sleep 300.<digits>`, its processes killed
+    at teardown."""
+    return marker
 
 
 def sessions_left(state_dir):

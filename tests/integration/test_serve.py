@@ -29,13 +29,14 @@ from serve_helpers import (BROKEN_POLICY, REDACT_POLICY, LIMITS_POLICY, MiB, POL
                            connect_as, note_args,
                            Closed, ServeProc, clean_env, assert_marker_gone, children, fd_count,
                            proc_state,
-                           is_int, kill_marker, live_with_marker, one_line, sessions_left,
+                           is_int, live_with_marker, one_line, sessions_left,
                            summarize, vmrss_kb, wait_until)
 from stockade_client import (AsyncClient, BadRequest, CALL_RESULT_FIELDS, CallResult, Cancelled,
                              ConnectionClosed,
                              NoSuchSession, OutputChunk, Overloaded, PolicyViolation,
                              SessionExpired,
                              StockadeError, ToolError, ToolTimeout)
+from stockade_testlib import fixture_levels
 
 DEFAULT_OUTPUT_CAP = 1 << 20          # policies/default.lua: limits.output = "1MiB"
 DEFAULT_MAX_MESSAGE = 16 * MiB        # PROTOCOL.md: max_message default
@@ -93,22 +94,6 @@ def session(client):
             s.close()
         except (NoSuchSession, StockadeError, TimeoutError):
             pass
-
-
-@pytest.fixture
-def marker():
-    """marker() -> digits that make a `sleep` argument unique on the host; processes
-    still holding one are killed (by pid) at teardown."""
-    issued = []
-
-    def _new():
-        m = f"{random.randrange(10**8):08d}"
-        issued.append(m)
-        return m
-
-    yield _new
-    for m in issued:
-        kill_marker(m)
 
 
 def raw_session(raw, **params):
@@ -1451,8 +1436,7 @@ def test_stdin_eof_mid_message(serve, state_dir):
 
 # ---------------------------------------------------------------- spares (made ahead of time)
 
-STRICT_POLICY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             "fixtures", "sec_strict.lua")
+STRICT_POLICY = fixture_levels("sec")["strict"]
 
 
 def _spawner_and_spares(srv_pid):

@@ -17,10 +17,9 @@ import pytest
 
 from serve_helpers import ServeProc, sessions_left, wait_until
 from stockade_client import Client, ConnectionClosed
-from stockade_testlib import FIXTURES
+from stockade_testlib import fixture_levels
 
-POLICY = os.path.join(FIXTURES, "recovery_process.lua")
-STRICT_POLICY = os.path.join(FIXTURES, "recovery_strict.lua")
+POLICY, STRICT_POLICY = fixture_levels("recovery").values()
 
 
 def reconnect(sock, bound=20.0):

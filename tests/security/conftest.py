@@ -4,8 +4,8 @@
         /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/security
 
 Every test is parametrized over the two isolation levels (`level`): `strict`
-(tests/fixtures/sec_strict.lua: namespaces, read-only host, Landlock, seccomp) and
-`process` (tests/fixtures/sec_process.lua: uid, Landlock, seccomp, rlimits).
+(namespaces, read-only host, Landlock, seccomp) and `process` (uid, Landlock, seccomp,
+rlimits), both with tests/fixtures/sec_process.lua (the strict one derived from it).
 
 Ground rules the fixtures enforce:
 - everything a test creates on the host (files, dirs, netns, veth, cgroups, listeners,
@@ -37,15 +37,15 @@ import time
 
 import pytest
 
-from stockade_testlib import (FIXTURES, alive, all_pids, cmdline, force_rmtree,  # noqa: F401
-                              kill_pids, live_with_marker, proc_stat, state_directory,
-                              stockade)
+from stockade_testlib import (FIXTURES, alive, all_pids, cmdline, fixture_levels,  # noqa: F401
+                              force_rmtree, kill_pids, live_with_marker, marker, proc_stat,
+                              state_directory, stockade)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 LEVELS = ("strict", "process")
-POLICIES = {lvl: os.path.join(FIXTURES, f"sec_{lvl}.lua") for lvl in LEVELS}
-BOMB_POLICIES = {lvl: os.path.join(FIXTURES, f"sec_bomb_{lvl}.lua") for lvl in LEVELS}
+POLICIES = fixture_levels("sec")
+BOMB_POLICIES = fixture_levels("sec_bomb")
 
 RUN_TIMEOUT = 40.0          # one `stockade run`, worst case, before the test calls it hung
 NOBODY = 65534              # the unprivileged uid of the host-side controls
@@ -229,21 +229,6 @@ def wait_until(pred, bound, step=0.05):
         if v or time.monotonic() > end:
             return v
         time.sleep(step)
-
-
-@pytest.fixture
-def marker():
-    """marker() -> digits that make `sleep 300.<digits>` unique on the host. At teardown
-    every live process holding one is SIGKILLed by pid (those are ours by construction)."""
-    issued = []
-
-    def _new():
-        m = f"{random.randrange(10**8):08d}"
-        issued.append(m)
-        return m
-    yield _new
-    for m in issued:
-        kill_pids(live_with_marker(m))
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The security battery: honest escape attempts that must FAIL.
 
 Each test attacks from inside a tool call (the `sh`/`python3` tools of
-tests/fixtures/sec_{strict,process}.lua) and then judges from the HOST: a file that must
+tests/fixtures/sec_process.lua, at both levels) and then judges from the HOST: a file that must
 be absent or unchanged, a listener that must have seen nothing, a process that must be
 gone, a supervisor that must still have answered. Where it is cheap, the same attack is
 first run on the host unsandboxed as uid 65534 (`as_nobody`) to show that the command

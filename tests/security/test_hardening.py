@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 
-from conftest import (FIXTURES, NOBODY, RUN_TIMEOUT, VISIBLE_BASE, Stockade, force_rmtree,
+from conftest import (NOBODY, POLICIES, RUN_TIMEOUT, VISIBLE_BASE, Stockade, force_rmtree,
                       descendants, mkdir_mode, proc_stat, read_bytes, strict_only, token,
                       wait_until, write_file)
 
@@ -27,7 +27,7 @@ from conftest import (FIXTURES, NOBODY, RUN_TIMEOUT, VISIBLE_BASE, Stockade, for
 def policy_file(tmpdir, level, *, limits='processes = 64, memory = "1GiB"', mounts=None,
                 network='"none"'):
     """The battery's policy for `level` with other limits, mounts or network."""
-    with open(os.path.join(FIXTURES, f"sec_{level}.lua")) as f:
+    with open(POLICIES[level]) as f:
         text = f.read()
     text, n = re.subn(r"limits = \{[^}]*\},", f"limits = {{ {limits} }},", text, count=1)
     assert n == 1
@@ -332,7 +332,7 @@ def test_kept_root_keeps_its_uid(stockade, state_dir, pinned_uid, level, where):
     uid = pinned_uid
     rng = f"{uid}-{uid}"
     other_state = state_dir if where == "same state dir" else os.path.join(state_dir, "other")
-    pol = os.path.join(FIXTURES, f"sec_{level}.lua")
+    pol = POLICIES[level]
     tok = token()
     kept = "kept-" + secrets.token_hex(4)
     rc, d1, _ = run_raw(stockade, state_dir, pol,
@@ -358,7 +358,7 @@ def test_tmp_writable_with_state_dir_under_tmp(stockade, level):
     os.chmod(state, 0o755)
     try:
         r = Stockade(stockade, state).call(
-            ["sh", "-c", "echo hello > /tmp/f && cat /tmp/f"], policy=os.path.join(FIXTURES, "sec_strict.lua"))
+            ["sh", "-c", "echo hello > /tmp/f && cat /tmp/f"], policy=POLICIES["strict"])
         assert r.json["class"] == "OK" and "hello" in r.out, r
     finally:
         force_rmtree(state)
@@ -509,7 +509,7 @@ def test_non_root_sessions_cannot_read_each_other(stockade, cleanup, level):
     def run(*args):
         cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                "env", "-i", "PATH=/usr/bin:/bin", stockade, "run", "--state-dir", state,
-               "--policy", os.path.join(FIXTURES, f"sec_{level}.lua"), "--json", *args]
+               "--policy", POLICIES[level], "--json", *args]
         cp = subprocess.run(cmd, capture_output=True, timeout=RUN_TIMEOUT,
                             stdin=subprocess.DEVNULL)
         print(f"RUN {args!r:.200} rc={cp.returncode} {cp.stdout[:800]!r} {cp.stderr[-400:]!r}")
