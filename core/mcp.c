@@ -1291,9 +1291,11 @@ struct mcp *mcp_new(struct server *srv, int in_fd, int out_fd, const struct mcp_
         m->opts.max_message = MCP_MAX_MESSAGE_DEFAULT;
     m->in_fd = in_fd;
     m->out_fd = out_fd;
+    /* The nonce keeps the session ids of two front ends on one state dir apart: a
+     * fixed one would repeat them, so there is no weaker fallback. */
     unsigned char rnd[8];
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
-        memset(rnd, 0, sizeof rnd);
+        die_errno("getrandom");
     for (size_t i = 0; i < sizeof rnd; i++)
         snprintf(m->nonce + 2 * i, 3, "%02x", rnd[i]);
     server_attach(srv, sp[0], sp[0], geteuid());

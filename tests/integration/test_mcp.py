@@ -5,6 +5,7 @@ keeps serving. (The well-formed protocol is tested with the MCP SDK in tests/mcp
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import time
@@ -352,3 +353,35 @@ def test_first_calls_wait_for_their_sessions_open(stockade, state_dir, level):
         m.ping()
     finally:
         m.close()
+
+
+# getrandom(2) that always fails, for LD_PRELOAD (libc is linked dynamically).
+NO_RANDOM_C = r"""
+#include <errno.h>
+#include <sys/types.h>
+ssize_t getrandom(void *buf, size_t len, unsigned int flags)
+{
+    (void)buf, (void)len, (void)flags;
+    errno = ENOSYS;
+    return -1;
+}
+"""
+
+
+def test_no_random_source_is_a_start_up_error(stockade, state_dir, tmp_path):
+    """Without a random source `stockade mcp` does not start: its session ids take a
+    random nonce, and a fixed one would repeat in every process that shares the state
+    dir."""
+    if os.environ.get("STOCKADE_SANITIZED"):
+        pytest.skip("LD_PRELOAD cannot come before the sanitizer's runtime")
+    if not shutil.which("gcc"):
+        pytest.skip("gcc is not installed: cannot build the failing getrandom")
+    lib = str(tmp_path / "no_random.so")
+    src = tmp_path / "no_random.c"
+    src.write_text(NO_RANDOM_C)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", lib, str(src)], check=True, timeout=60)
+    env = dict(os.environ, LD_PRELOAD=lib)
+    cp = subprocess.run([stockade, "mcp", "--policy", POLICY, "--state-dir", state_dir],
+                        input=b"", capture_output=True, env=env, timeout=BOUND)
+    assert cp.returncode == 125, (cp.returncode, cp.stderr[-2000:])
+    assert b"getrandom" in cp.stderr, cp.stderr[-2000:]
