@@ -24,7 +24,6 @@ from stockade_testlib import FIXTURES, fixture_levels
 POLICIES = fixture_levels("recovery")
 PROCESS_POLICY, STRICT_POLICY = POLICIES["process"], POLICIES["strict"]
 ALARMS_POLICY = os.path.join(FIXTURES, "alarms.lua")
-POLICIES = {"process": PROCESS_POLICY, "strict": STRICT_POLICY}
 
 
 

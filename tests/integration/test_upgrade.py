@@ -19,7 +19,8 @@ from serve_helpers import ServeProc, sessions_left, wait_until
 from stockade_client import Client, ConnectionClosed
 from stockade_testlib import fixture_levels
 
-POLICY, STRICT_POLICY = fixture_levels("recovery").values()
+POLICIES = fixture_levels("recovery")
+POLICY, STRICT_POLICY = POLICIES["process"], POLICIES["strict"]
 
 
 def reconnect(sock, bound=20.0):
