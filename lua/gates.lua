@@ -1219,6 +1219,116 @@ local function cmd_dry_run(argv)
   return status
 end
 
+-- A state dir for the probes under /var/tmp, with a canary directory any uid may write:
+-- the dir and the canary, or nil and why not.
+local function dry_run_state()
+  local tmp = sh("mktemp -d /var/tmp/stockade-dryrun.XXXXXX 2>&1"):gsub("\n$", "")
+  if tmp == "" or tmp:sub(1, 1) ~= "/" then return nil, "cannot create a temp state dir: " .. tmp end
+  local canary = tmp .. "/canary"
+  sh("chmod 0755 " .. q(tmp) .. " && mkdir -p " .. q(canary) .. " " .. q(tmp .. "/sessions")
+     .. " && chmod 0711 " .. q(tmp .. "/sessions")
+     .. " && printf 'canary\\n' > " .. q(canary .. "/canary.txt")
+     .. " && chmod 0666 " .. q(canary .. "/canary.txt") .. " && chmod 0777 " .. q(canary))
+  return tmp, canary
+end
+
+-- What a tool's probe runs: its argv, or its args through the tool's own decision (run
+-- with the args themselves: the tool's argv hook builds the command line). Else nil, nil
+-- and the failure.
+local function probe_invocation(p, name, probe)
+  if type(probe.argv) == "table" then return probe.argv end
+  if type(probe.args) ~= "table" then
+    return nil, nil, "FAILED PROBE: probe has neither argv nor args"
+  end
+  local ok, r = pcall(p.decide, p, name, probe.args)
+  if not ok then return nil, nil, "FAILED PROBE: " .. tostring(r) end
+  if r.class ~= "OK" then return nil, nil, "FAILED " .. r.class .. ": " .. tostring(r.message) end
+  return {}, probe.args
+end
+
+-- One probe through `stockade run` as session `session`, judged from outside: a write
+-- outside its root (/tmp, the state dir, the canary, a read-only mount) or a result
+-- other than OK fails it. The result and its lines of evidence.
+local function run_probe(w, d, name, session, probe_argv, probe_args)
+  local root = w.tmp .. "/sessions/" .. session
+  local evidence = {}
+  local before_tmp = snapshot("/tmp")
+  local before_state = snapshot(w.tmp, root)
+  local before_mounts = {}
+  for i, m in ipairs(w.ro_mounts) do before_mounts[i] = snapshot(m) end
+  local words = {}
+  for i, a in ipairs(probe_argv) do words[i] = q(a) end
+  local cmd = string.format("%s run --json --policy %s --state-dir %s --session %s %s-- %s %s"
+                            .. " </dev/null 2>&1", q(self), q(d.file), q(w.tmp), q(session),
+                            probe_args and ("--args " .. q(json.encode(probe_args)) .. " ") or "",
+                            q(name), table.concat(words, " "))
+  local out, code = sh(cmd)
+  local uid = tonumber((sh("stat -c %u " .. q(root) .. " 2>/dev/null"):gsub("%s+$", "")))
+  local after_tmp = snapshot("/tmp")
+  local after_state = snapshot(w.tmp, root)
+  local wrote = {}
+  local function mine(_, b, a)
+    return uid ~= nil and ((a and a.uid == uid) or (b and b.uid == uid))
+  end
+  for _, x in ipairs(compare(before_tmp, after_tmp, mine)) do wrote[#wrote + 1] = x end
+  for _, x in ipairs(compare(before_state, after_state, function(path, b, a)
+    return inside(path, w.canary) or mine(path, b, a)
+  end)) do wrote[#wrote + 1] = x end
+  for i, m in ipairs(w.ro_mounts) do
+    for _, x in ipairs(compare(before_mounts[i], snapshot(m), function() return true end)) do
+      wrote[#wrote + 1] = x
+    end
+  end
+  local r = json.decode(out:match("{.*}") or "")
+  local result
+  if #wrote > 0 then
+    result = "WROTE-OUTSIDE " .. table.concat(wrote, " ")
+    evidence[#evidence + 1] = string.format("session uid %s, root %s", tostring(uid), root)
+  elseif type(r) ~= "table" or type(r.class) ~= "string" then
+    result = string.format("FAILED STOCKADE: run exited %d: %s", code,
+                           (out:gsub("%s+$", ""):gsub("\n", " | ")))
+  elseif r.class ~= "OK" then
+    result = string.format("FAILED %s: %s", r.class, tostring(r.message))
+  else
+    result = "OK"
+  end
+  if type(r) == "table" then
+    evidence[#evidence + 1] = ("argv: " .. name .. " " .. table.concat(probe_argv, " ")):gsub("%s+$", "")
+    evidence[#evidence + 1] = string.format("class %s, exit %s, %s ms", tostring(r.class),
+                                            tostring(r.exit_code), tostring(r.duration_ms))
+    for _, stream in ipairs { "stdout", "stderr" } do
+      local text = type(r[stream]) == "string" and r[stream]:gsub("%s+$", "") or ""
+      if text ~= "" and result ~= "OK" then
+        if #text > 400 then text = text:sub(1, 400) .. "..." end
+        evidence[#evidence + 1] = stream .. ": " .. text:gsub("\n", "\n    ")
+      end
+    end
+  end
+  return result, evidence
+end
+
+-- A probed tool: its invocation, its session root and synthetic tree, its run.
+local function dry_run_tool(w, p, d, name, session)
+  local probe_argv, probe_args, failed = probe_invocation(p, name, d.tools[name].probe)
+  if not probe_argv then return failed, {} end
+  local root = w.tmp .. "/sessions/" .. session
+  sh("mkdir -m 0700 " .. q(root) .. " && mkdir -m 0700 " .. q(root .. "/workspace"))
+  if not build_tree(root .. "/workspace", w.canary) then
+    return "FAILED DRYRUN: cannot build the synthetic tree in " .. root, {}
+  end
+  return run_probe(w, d, name, session, probe_argv, probe_args)
+end
+
+local function not_probed(d, names)
+  local rows = {}
+  for _, name in ipairs(names) do
+    printf("%s: not dry-run\n", name)
+    rows[#rows + 1] = { name, "not dry-run" }
+  end
+  printf("%s: 0 probed, 0 OK, 0 failed, %d not dry-run\n", d.file, #names)
+  return EXIT_OK, rows
+end
+
 dry_run = function(file)
   local p, d = load_policy(file)
   if not p then printf("%s\n", d); return EXIT_FAIL, { { "(policy)", d } } end
@@ -1226,137 +1336,40 @@ dry_run = function(file)
   local names = sorted_keys(d.tools)
   local any_probe = false
   for _, name in ipairs(names) do any_probe = any_probe or d.tools[name].probe ~= nil end
-  if not any_probe then
-    local rows = {}
-    for _, name in ipairs(names) do
-      printf("%s: not dry-run\n", name)
-      rows[#rows + 1] = { name, "not dry-run" }
-    end
-    printf("%s: 0 probed, 0 OK, 0 failed, %d not dry-run\n", d.file, #names)
-    return EXIT_OK, rows
-  end
+  if not any_probe then return not_probed(d, names) end
 
-  local tmp = sh("mktemp -d /var/tmp/stockade-dryrun.XXXXXX 2>&1"):gsub("\n$", "")
-  if tmp == "" or tmp:sub(1, 1) ~= "/" then
-    printf("%s: cannot create a temp state dir: %s\n", d.file, tmp)
-    return EXIT_FAIL, { { "(dry-run)", "cannot create a temp state dir: " .. tmp } }
+  local tmp, canary = dry_run_state()
+  if not tmp then
+    printf("%s: %s\n", d.file, canary)
+    return EXIT_FAIL, { { "(dry-run)", canary } }
   end
-  local canary = tmp .. "/canary"
-  sh("chmod 0755 " .. q(tmp) .. " && mkdir -p " .. q(canary) .. " " .. q(tmp .. "/sessions")
-     .. " && chmod 0711 " .. q(tmp .. "/sessions")
-     .. " && printf 'canary\\n' > " .. q(canary .. "/canary.txt")
-     .. " && chmod 0666 " .. q(canary .. "/canary.txt") .. " && chmod 0777 " .. q(canary))
-
-  local ro_mounts = {}
+  local w = { tmp = tmp, canary = canary, ro_mounts = {} }
   for _, m in ipairs(type(d.mounts) == "table" and d.mounts or {}) do
-    if type(m) == "table" and type(m[1]) == "string" and m.ro then ro_mounts[#ro_mounts + 1] = m[1] end
+    if type(m) == "table" and type(m[1]) == "string" and m.ro then w.ro_mounts[#w.ro_mounts + 1] = m[1] end
   end
 
   local status = EXIT_OK
   local rows = {}
-  local n = 0
+  local counts = { probed = 0, ok = 0, bad = 0, skipped = 0 }
   printf("%s: dry-run in %s\n", d.file, tmp)
   for _, name in ipairs(names) do
-    local t = d.tools[name]
-    local probe = t.probe
-    if type(probe) ~= "table" then
+    if type(d.tools[name].probe) ~= "table" then
       rows[#rows + 1] = { name, "not dry-run" }
       printf("%s: not dry-run\n", name)
+      counts.skipped = counts.skipped + 1
     else
-      n = n + 1
-      local session = "dryrun-" .. n
-      local root = tmp .. "/sessions/" .. session
-      local result, evidence = nil, {}
-      local probe_argv, probe_args
-      if type(probe.argv) == "table" then
-        probe_argv = probe.argv
-      elseif type(probe.args) == "table" then
-        local ok, r = pcall(p.decide, p, name, probe.args)
-        if not ok then
-          result = "FAILED PROBE: " .. tostring(r)
-        elseif r.class ~= "OK" then
-          result = "FAILED " .. r.class .. ": " .. tostring(r.message)
-        else
-          -- run with the args themselves: the tool's argv hook builds the command line
-          probe_argv, probe_args = {}, probe.args
-        end
-      else
-        result = "FAILED PROBE: probe has neither argv nor args"
-      end
-      if probe_argv then
-        sh("mkdir -m 0700 " .. q(root) .. " && mkdir -m 0700 " .. q(root .. "/workspace"))
-        if not build_tree(root .. "/workspace", canary) then
-          result = "FAILED DRYRUN: cannot build the synthetic tree in " .. root
-        end
-      end
-      if probe_argv and not result then
-        local before_tmp = snapshot("/tmp")
-        local before_state = snapshot(tmp, root)
-        local before_mounts = {}
-        for i, m in ipairs(ro_mounts) do before_mounts[i] = snapshot(m) end
-        local words = {}
-        for i, a in ipairs(probe_argv) do words[i] = q(a) end
-        local cmd = string.format("%s run --json --policy %s --state-dir %s --session %s %s-- %s %s"
-                                  .. " </dev/null 2>&1", q(self), q(d.file), q(tmp), q(session),
-                                  probe_args and ("--args " .. q(json.encode(probe_args)) .. " ") or "",
-                                  q(name), table.concat(words, " "))
-        local out, code = sh(cmd)
-        local uid = tonumber((sh("stat -c %u " .. q(root) .. " 2>/dev/null"):gsub("%s+$", "")))
-        local after_tmp = snapshot("/tmp")
-        local after_state = snapshot(tmp, root)
-        local wrote = {}
-        local function mine(_, b, a)
-          return uid ~= nil and ((a and a.uid == uid) or (b and b.uid == uid))
-        end
-        for _, x in ipairs(compare(before_tmp, after_tmp, mine)) do wrote[#wrote + 1] = x end
-        for _, x in ipairs(compare(before_state, after_state, function(path, b, a)
-          return inside(path, canary) or mine(path, b, a)
-        end)) do wrote[#wrote + 1] = x end
-        for i, m in ipairs(ro_mounts) do
-          for _, x in ipairs(compare(before_mounts[i], snapshot(m), function() return true end)) do
-            wrote[#wrote + 1] = x
-          end
-        end
-        local r = json.decode(out:match("{.*}") or "")
-        if #wrote > 0 then
-          result = "WROTE-OUTSIDE " .. table.concat(wrote, " ")
-          evidence[#evidence + 1] = string.format("session uid %s, root %s", tostring(uid), root)
-        elseif type(r) ~= "table" or type(r.class) ~= "string" then
-          result = string.format("FAILED STOCKADE: run exited %d: %s", code,
-                                 (out:gsub("%s+$", ""):gsub("\n", " | ")))
-        elseif r.class ~= "OK" then
-          result = string.format("FAILED %s: %s", r.class, tostring(r.message))
-        else
-          result = "OK"
-        end
-        if type(r) == "table" then
-          evidence[#evidence + 1] = ("argv: " .. name .. " " .. table.concat(probe_argv, " ")):gsub("%s+$", "")
-          evidence[#evidence + 1] = string.format("class %s, exit %s, %s ms", tostring(r.class),
-                                                  tostring(r.exit_code), tostring(r.duration_ms))
-          for _, stream in ipairs { "stdout", "stderr" } do
-            local s = type(r[stream]) == "string" and r[stream]:gsub("%s+$", "") or ""
-            if s ~= "" and result ~= "OK" then
-              if #s > 400 then s = s:sub(1, 400) .. "..." end
-              evidence[#evidence + 1] = stream .. ": " .. s:gsub("\n", "\n    ")
-            end
-          end
-        end
-      end
-      if result ~= "OK" then status = EXIT_FAIL end
+      counts.probed = counts.probed + 1
+      local result, evidence = dry_run_tool(w, p, d, name, "dryrun-" .. counts.probed)
+      if result == "OK" then counts.ok = counts.ok + 1
+      else status, counts.bad = EXIT_FAIL, counts.bad + 1 end
       rows[#rows + 1] = { name, result }
       printf("%s: %s\n", name, result)
       for _, e in ipairs(evidence) do printf("    %s\n", e) end
     end
   end
   sh("rm -rf -- " .. q(tmp))
-  local counts = { ok = 0, bad = 0, skipped = 0 }
-  for _, r in ipairs(rows) do
-    if r[2] == "OK" then counts.ok = counts.ok + 1
-    elseif r[2] == "not dry-run" then counts.skipped = counts.skipped + 1
-    else counts.bad = counts.bad + 1 end
-  end
-  printf("%s: %d probed, %d OK, %d failed, %d not dry-run\n", d.file, n, counts.ok, counts.bad,
-         counts.skipped)
+  printf("%s: %d probed, %d OK, %d failed, %d not dry-run\n", d.file, counts.probed, counts.ok,
+         counts.bad, counts.skipped)
   return status, rows
 end
 
