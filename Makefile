@@ -45,11 +45,16 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE $(WARN) $(HARDEN) $(OPT) -Icore -I$(B) \
 LDFLAGS += -pie -Wl,-z,noexecstack -Wl,-z,relro -Wl,-z,now $(if $(SAN),$(SANFLAGS))
 # The C libraries are linked in (the -dev packages ship the .a): a dynamic start-up maps
 # and relocates each shared library (measured: README, Performance). Shared still: libc;
-# jansson (its json_string() and util.h's would collide in a static link); vectorscan
-# (libhs.a is C++ and not position-independent: a PIE would need text relocations);
-# libsystemd (Debian ships no libsystemd.a). SAN=1 links all dynamically.
-DYNAMIC_LIBS := -lhs -ljansson -lsystemd
-STATIC_LIBS := $(filter-out $(DYNAMIC_LIBS),$(shell pkg-config --libs $(PKGS) 2>/dev/null)) -lev
+# jansson (its json_string() and util.h's would collide in a static link). Loaded on first
+# use (dlopen, by soname): vectorscan (libhs.a is C++ and not position-independent; only a
+# policy with regex redactors needs it, core/hs_lazy.c) and libsystemd (no .a; only serve
+# under systemd needs it, core/sd_lazy.c). SAN=1 links the rest dynamically.
+DYNAMIC_LIBS := -ljansson
+LAZY_LIBS := -lhs -lsystemd
+soname = $(or $(shell objdump -p $$($(CC) -print-file-name=$(1)) 2>/dev/null | awk '/SONAME/ {print $$2}'),$(2))
+CFLAGS  += -DHS_SONAME='"$(call soname,libhs.so,libhs.so.5)"' \
+           -DSD_SONAME='"$(call soname,libsystemd.so,libsystemd.so.0)"'
+STATIC_LIBS := $(filter-out $(DYNAMIC_LIBS) $(LAZY_LIBS),$(shell pkg-config --libs $(PKGS) 2>/dev/null)) -lev
 LDLIBS  += $(if $(SAN),$(STATIC_LIBS),-Wl,-Bstatic $(STATIC_LIBS) -Wl,-Bdynamic) \
            $(DYNAMIC_LIBS) -ldl -lm -pthread
 # ... with Lua's API exported, for the C modules `stockade test` may load (lua-cjson)
@@ -96,8 +101,12 @@ $(B)/version.h: debian/changelog FORCE | $(B)/.dir
 # The bundled Lua (lua/*.lua) and the shipped plugins (plugins/*.lua, as plugins.NAME) are
 # compiled into the binary so that a policy always meets the API version the core was
 # built with, wherever the policy lives.
-$(B)/lua_embed.c: $(LUA_SRC) $(PLUGIN_SRC) contrib/embed-lua.sh | $(B)/.dir
-	@sh contrib/embed-lua.sh $(LUA_SRC) $(PLUGIN_SRC) > $@
+# They are precompiled (bytecode with line information) by a helper built against the
+# same Lua: a start loads them instead of parsing ~140 KB of source.
+$(B)/lua-dump: contrib/lua-dump.c | $(B)/.dir build-deps
+	@$(CC) -std=c11 -O2 $(shell pkg-config --cflags lua5.4) -o $@ $< $(shell pkg-config --libs lua5.4) -lm
+$(B)/lua_embed.c: $(LUA_SRC) $(PLUGIN_SRC) contrib/embed-lua.sh $(B)/lua-dump | $(B)/.dir
+	@sh contrib/embed-lua.sh $(B)/lua-dump $(LUA_SRC) $(PLUGIN_SRC) > $@.tmp && mv -f $@.tmp $@
 $(B)/lua_embed.o: $(B)/lua_embed.c
 	@$(CC) $(CFLAGS) -c -o $@ $<
 

@@ -348,8 +348,8 @@ static int l_policy_require(lua_State *L)
     }
     for (const struct lua_embedded *e = lua_embedded; e->name; e++) {
         if (strcmp(e->name, name) == 0) {
-            const char *chunkname = lua_pushfstring(L, "=%s (built in)", e->file);
-            if (luaL_loadbufferx(L, e->src, e->len, chunkname, "t") != LUA_OK)
+            /* precompiled at build time (lua_embed.h), named "=plugins/X.lua (built in)" */
+            if (luaL_loadbufferx(L, e->chunk, e->len, e->file, "b") != LUA_OK)
                 return lua_error(L);
             return run_plugin(L);
         }
@@ -482,9 +482,8 @@ static void load_embedded(lua_State *L, const char *name, int nargs)
             m = e;
     if (!m)
         luaL_error(L, "the %s module is not built in", name);
-    char chunkname[128];
-    snprintf(chunkname, sizeof chunkname, "=%s", m->file);
-    if (luaL_loadbufferx(L, m->src, m->len, chunkname, "t") != LUA_OK)
+    /* precompiled at build time (lua_embed.h): loaded, not parsed */
+    if (luaL_loadbufferx(L, m->chunk, m->len, m->file, "b") != LUA_OK)
         lua_error(L);
     push_env(L, false);
     lua_setupvalue(L, -2, 1);

@@ -497,8 +497,8 @@ static int l_embedded_searcher(lua_State *L)
     for (const struct lua_embedded *e = lua_embedded; want && e->name; e++) {
         if (strcmp(e->name, want) != 0)
             continue;
-        const char *chunkname = lua_pushfstring(L, "=%s (built in)", e->file);
-        if (luaL_loadbufferx(L, e->src, e->len, chunkname, "t") != LUA_OK)
+        /* precompiled at build time (lua_embed.h), with its chunk name */
+        if (luaL_loadbufferx(L, e->chunk, e->len, e->file, "b") != LUA_OK)
             return lua_error(L);
         lua_pushstring(L, e->file);
         return 2;
@@ -613,9 +613,7 @@ int cli_gate(const char *command, int argc, char **argv)
     if (!m)
         die("%s: the gates are not built in", command);
     lua_State *L = new_full_state();
-    char chunkname[128];
-    snprintf(chunkname, sizeof chunkname, "=%s", m->file);
-    if (luaL_loadbufferx(L, m->src, m->len, chunkname, "t") != LUA_OK)
+    if (luaL_loadbufferx(L, m->chunk, m->len, m->file, "b") != LUA_OK)
         die("%s", lua_tostring(L, -1));
     lua_pushstring(L, command);
     lua_createtable(L, argc, 0);
