@@ -232,6 +232,9 @@ int cli_run(int argc, char **argv)
     struct session_record rec = {
         .owner = RECORD_RUN, .kept = session_id != NULL, .pid = getpid(),
         .created_ms = wall_ms(),
+        /* a one-shot run's root lives as long as this process: its record need only
+         * survive our crash, not the machine's (record.h); a kept root's is durable */
+        .unsynced = session_id == NULL,
     };
     snprintf(rec.isolation, sizeof rec.isolation, "%s", policy->isolation);
     snprintf(rec.policy_sha256, sizeof rec.policy_sha256, "%s", policy->sha256);

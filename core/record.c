@@ -150,7 +150,7 @@ int record_write(const char *state_dir, const struct session_record *r, bool cre
         saved = errno;
         goto out;
     }
-    if (write_all(fd, b.data, b.len) < 0 || fsync(fd) < 0) {
+    if (write_all(fd, b.data, b.len) < 0 || (!r->unsynced && fsync(fd) < 0)) {
         saved = errno;
         close(fd);
         unlink(tmp);
@@ -163,7 +163,7 @@ int record_write(const char *state_dir, const struct session_record *r, bool cre
     saved = errno;
     if (rc < 0)
         unlink(tmp);
-    else if (fsync(dir) < 0)
+    else if (!r->unsynced && fsync(dir) < 0)
         rc = -1, saved = errno;
 out:
     close(dir);
@@ -301,7 +301,7 @@ int record_read(const char *state_dir, const char *id, struct session_record *r)
     return 0;
 }
 
-int record_remove(const char *state_dir, const char *id)
+static int remove_record(const char *state_dir, const char *id, bool sync)
 {
     if (!root_id_valid(id)) {
         errno = EINVAL;
@@ -313,12 +313,22 @@ int record_remove(const char *state_dir, const char *id)
     int rc = unlinkat(dir, id, 0);
     if (rc < 0 && errno == ENOENT)
         rc = 0;
-    if (rc == 0 && fsync(dir) < 0)
+    if (rc == 0 && sync && fsync(dir) < 0)
         rc = -1;
     int saved = errno;
     close(dir);
     errno = saved;
     return rc;
+}
+
+int record_remove(const char *state_dir, const char *id)
+{
+    return remove_record(state_dir, id, true);
+}
+
+int record_remove_unsynced(const char *state_dir, const char *id)
+{
+    return remove_record(state_dir, id, false);
 }
 
 void record_clear(struct session_record *r)

@@ -39,6 +39,10 @@ struct session_record {
     int64_t lease_at_ms;        /* wall clock: no later than this, unless renewed */
     int64_t fuse_at_ms;         /* wall clock: never later than this */
     char **labels;              /* the client's: key, value, ..., NULL; or NULL */
+    /* not stored: written and removed without fsync. A one-shot `stockade run`'s record
+     * is read back after a crash of its process (the page cache survives that), never
+     * after one of the machine: its root is not synced either, and /run is gone. */
+    bool unsynced;
 };
 
 /* Write r as STATE_DIR/records/ID. create: fail with EEXIST when a record is there
@@ -48,6 +52,8 @@ int record_write(const char *state_dir, const struct session_record *r, bool cre
 int record_read(const char *state_dir, const char *id, struct session_record *r);
 /* 0 when gone (or never there), -1 with errno. */
 int record_remove(const char *state_dir, const char *id);
+/* The same without the fsync of the records dir (an unsynced record's). */
+int record_remove_unsynced(const char *state_dir, const char *id);
 /* Free what r holds (not r). */
 void record_clear(struct session_record *r);
 const char *record_owner_name(enum record_owner o);

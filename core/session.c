@@ -316,7 +316,8 @@ struct session *session_open_recorded(const char *state_dir, const char *id, boo
 fail:;
     int saved = errno;
     /* a record this call wrote goes; an existing root (someone else's) stays */
-    if (record_ours && record_remove(state_dir, s->id) < 0)
+    if (record_ours &&
+        (rec->unsynced ? record_remove_unsynced : record_remove)(state_dir, s->id) < 0)
         LOG_W("session %s: its record stays: %s", s->id, strerror(errno));
     if (s->record) {
         record_clear(s->record);
@@ -475,7 +476,8 @@ int session_close(struct session *s)
         rc = -1;
     }
     /* the record goes only with the root: a root is never left without one */
-    if (removing && rc == 0 && s->record && record_remove(s->state_dir, s->id) < 0)
+    if (removing && rc == 0 && s->record &&
+        (s->record->unsynced ? record_remove_unsynced : record_remove)(s->state_dir, s->id) < 0)
         LOG_W("session %s: record: %s", s->id, strerror(errno));
     if (s->record) {
         record_clear(s->record);
