@@ -4,6 +4,7 @@
 #include "zygote.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -70,6 +71,8 @@ static void stop_io(struct call *c)
     ev_io_stop(c->loop, &c->err.watcher);
     ev_io_stop(c->loop, &c->stdin_watcher);
     ev_io_stop(c->loop, &c->report_watcher);
+    ev_io_stop(c->loop, &c->start_watcher);
+    close_quietly(&c->start_fd);
     ev_timer_stop(c->loop, &c->timeout_timer);
     ev_timer_stop(c->loop, &c->deadline_timer);
     ev_timer_stop(c->loop, &c->grace_timer);
@@ -354,6 +357,19 @@ void call_stop(struct call *c, enum call_class class, const char *layer, const c
 {
     if (c->state == CALL_ANSWERED || c->state == CALL_ACCEPTED)
         return;
+    if (c->state == CALL_STARTING) {
+        /* nothing started: answered as a call that never ran */
+        c->state = CALL_ACCEPTED;
+        ev_io_stop(c->loop, &c->start_watcher);
+        close_quietly(&c->start_fd);
+        ev_timer_stop(c->loop, &c->timeout_timer);
+        ev_timer_stop(c->loop, &c->deadline_timer);
+        refuse(c, class,
+               xstrdup(why ? why : class == CLASS_CANCELLED ? "cancelled before it started"
+                           : "ran out of time waiting for the session's sandbox to be ready"),
+               layer);
+        return;
+    }
     if (c->paused) {
         /* Nobody will read a stream of what is left: the pipes are drained into the
          * (capped) result only, so the tree's end is seen. */
@@ -754,6 +770,8 @@ struct spawn_limits call_spawn_limits(const struct policy *policy, const struct 
     };
 }
 
+static void on_start_ready(struct ev_loop *loop, ev_io *w, int revents);
+
 /* A call in CALL_ACCEPTED: owns *req (emptied), its timers set up, nothing started. */
 static struct call *call_new(struct ev_loop *loop, struct policy *policy,
                              struct session *session, struct call_request *req,
@@ -773,6 +791,9 @@ static struct call *call_new(struct ev_loop *loop, struct policy *policy,
     c->child = (struct spawn_child){.stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1,
                                     .status_fd = -1, .pidfd = -1};
     c->runner.sp = (struct zyg_spare){-1, -1, -1};
+    c->start_fd = -1;
+    ev_io_init(&c->start_watcher, on_start_ready, -1, EV_READ);
+    c->start_watcher.data = c;
     ev_timer_init(&c->answer_timer, on_answer_timer, 0, 0);
     ev_timer_init(&c->timeout_timer, on_timeout, 0, 0);
     ev_timer_init(&c->deadline_timer, on_deadline, 0, 0);
@@ -880,15 +901,76 @@ static void call_arm(struct call *c)
         c->stdin_watcher.data = c;
         ev_io_start(loop, &c->stdin_watcher);
     }
+    if (c->paused) {                    /* paused while it waited to start */
+        ev_io_stop(loop, &c->out.watcher);
+        ev_io_stop(loop, &c->err.watcher);
+    }
+    ev_timer_stop(loop, &c->timeout_timer);     /* armed while it waited to start */
+    ev_timer_stop(loop, &c->deadline_timer);
     ev_timer_set(&c->timeout_timer, (double)c->timeout_ms / 1000.0, 0);
     ev_timer_start(loop, &c->timeout_timer);
     if (c->req.deadline_ms > 0) {
         /* Fire a little early: the hard kill and the answer take a few ms, and the
-         * caller must never get an answer after its deadline. */
+         * caller must never get an answer after its deadline. A wait to start spent
+         * some of it. */
         int64_t margin = c->req.deadline_ms / 10 < 25 ? c->req.deadline_ms / 10 : 25;
-        ev_timer_set(&c->deadline_timer, (double)(c->req.deadline_ms - margin) / 1000.0, 0);
+        int64_t left = c->req.deadline_ms - margin - c->waited_ms;
+        ev_timer_set(&c->deadline_timer, (double)(left > 0 ? left : 0) / 1000.0, 0);
         ev_timer_start(loop, &c->deadline_timer);
     }
+}
+
+/* The session's zygote has no spare ready, or is still building its world: the call
+ * waits for it on the loop (its timeout and deadline running), the loop does not. False
+ * (errno) if it cannot even wait. */
+static bool call_wait_start(struct call *c)
+{
+    int fd = fcntl(zygote_wait_fd(c->session->zygote), F_DUPFD_CLOEXEC, 3);
+    if (fd < 0)
+        return false;
+    /* our own copy: the zygote may be stopped (and its socket closed) while we wait */
+    c->start_fd = fd;
+    ev_io_set(&c->start_watcher, fd, EV_READ);
+    ev_io_start(c->loop, &c->start_watcher);
+    if (c->state != CALL_STARTING) {
+        c->state = CALL_STARTING;
+        ev_now_update(c->loop);
+        ev_timer_set(&c->timeout_timer, (double)c->timeout_ms / 1000.0, 0);
+        ev_timer_start(c->loop, &c->timeout_timer);
+        if (c->req.deadline_ms > 0) {
+            ev_timer_set(&c->deadline_timer, (double)c->req.deadline_ms / 1000.0, 0);
+            ev_timer_start(c->loop, &c->deadline_timer);
+        }
+    }
+    return true;
+}
+
+static void call_start_failed(struct call *c, int e)
+{
+    /* the server short of descriptors or memory: passes, so retryable, not a bug */
+    bool shortage = e == EMFILE || e == ENFILE || e == ENOMEM;
+    refuse(c, shortage ? CLASS_OVERLOADED : e == EAGAIN ? CLASS_RESOURCE_LIMIT : CLASS_INTERNAL,
+           xasprintf("could not start the call: %s", strerror(e)), NULL);
+}
+
+static void on_start_ready(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct call *c = w->data;
+    ev_io_stop(c->loop, w);
+    close_quietly(&c->start_fd);
+    c->waited_ms = now_ms() - c->started_ms;
+    if (call_spawn(c, c->depth) == 0) {
+        call_arm(c);
+        return;
+    }
+    int e = errno;
+    if (e == EINPROGRESS && c->session->zygote && call_wait_start(c))
+        return;
+    c->state = CALL_ACCEPTED;
+    ev_timer_stop(c->loop, &c->timeout_timer);
+    ev_timer_stop(c->loop, &c->deadline_timer);
+    call_start_failed(c, e == EINPROGRESS ? EPIPE : e);
 }
 
 struct call *call_start(struct ev_loop *loop, struct policy *policy, struct session *session,
@@ -902,13 +984,13 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
     c->tool = d.tool;
     c->idempotent = d.idempotent;
     c->timeout_ms = call_timeout(c);
+    c->depth = d.depth;
     if (call_spawn(c, d.depth) < 0) {
         int e = errno;
-        /* the server short of descriptors or memory: passes, so retryable, not a bug */
-        bool shortage = e == EMFILE || e == ENFILE || e == ENOMEM;
-        return refuse(c, shortage ? CLASS_OVERLOADED : e == EAGAIN ? CLASS_RESOURCE_LIMIT
-                                                                   : CLASS_INTERNAL,
-                      xasprintf("could not start the call: %s", strerror(e)), NULL);
+        if (e == EINPROGRESS && c->session->zygote && call_wait_start(c))
+            return c;
+        call_start_failed(c, e == EINPROGRESS ? errno : e);
+        return c;
     }
     call_arm(c);
     return c;
@@ -916,6 +998,10 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
 
 void call_pause_output(struct call *c, bool pause)
 {
+    if (c->state == CALL_STARTING) {
+        c->paused = pause;              /* call_arm starts what is not paused */
+        return;
+    }
     if (c->paused == pause || c->state == CALL_ANSWERED || c->state == CALL_ACCEPTED)
         return;
     c->paused = pause;

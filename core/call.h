@@ -68,7 +68,9 @@ struct call_result {
     int64_t duration_ms, cpu_ms, max_rss_kb;
 };
 
-enum call_state { CALL_ACCEPTED, CALL_RUNNING, CALL_TERMINATING, CALL_REAPED, CALL_ANSWERED };
+/* STARTING: waiting, off the loop, for the session's zygote (a spare, or its world) */
+enum call_state { CALL_ACCEPTED, CALL_STARTING, CALL_RUNNING, CALL_TERMINATING, CALL_REAPED,
+                  CALL_ANSWERED };
 enum call_stream { CALL_STDOUT, CALL_STDERR };
 
 struct call;
@@ -99,6 +101,9 @@ struct call {
     bool shim_reaped;
     struct zygote *zygote;              /* whose spare runs the call (borrowed), or NULL */
     struct zyg_runner runner;           /* the session's runner it runs on (pid -1: none) */
+    ev_io start_watcher;                /* STARTING: the zygote has something for us */
+    int start_fd;                       /* our copy of the zygote's socket, while STARTING */
+    int64_t depth, waited_ms;           /* for the start when it comes; how long it took */
     ev_io report_watcher;               /* a zygote's shim: its report ends the call */
     bool ran;                           /* the tool ran and ended on its own */
     struct shim_report report;          /* read early: the tree ended before a timer */

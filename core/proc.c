@@ -91,6 +91,72 @@ void proc_kill_reap(pid_t pid, int pidfd)
         proc_keep(pid);         /* proc_reap reaps it, not as an orphan */
 }
 
+/* Killed by proc_kill_async, not reaped yet: the pid and its pidfd (for the bounded wait
+ * at shutdown; never a recycled pid). */
+struct dying {
+    pid_t pid;
+    int pidfd;
+};
+static struct dying *dying;
+static size_t ndying, dying_cap;
+
+static void dying_forget(pid_t pid)
+{
+    for (size_t i = 0; i < ndying; i++)
+        if (dying[i].pid == pid) {
+            close_quietly(&dying[i].pidfd);
+            dying[i] = dying[--ndying];
+            break;
+        }
+    if (ndying == 0) {
+        free(dying);
+        dying = NULL;
+        dying_cap = 0;
+    }
+}
+
+void proc_kill_async(pid_t pid, int pidfd)
+{
+    if (pidfd >= 0)
+        pidfd_send_signal(pidfd, SIGKILL, NULL, 0);
+    else
+        kill(pid, SIGKILL);
+    if (reap_now(pid, pidfd) != 0) {    /* gone already (or not ours) */
+        close_quietly(&pidfd);
+        proc_unkeep(pid);
+        return;
+    }
+    if (!is_kept(pid))
+        proc_keep(pid);                 /* proc_reap reaps it, not as an orphan */
+    dying = xgrow(dying, &dying_cap, ndying, sizeof *dying, 8);
+    dying[ndying++] = (struct dying){pid, pidfd};
+}
+
+unsigned proc_dying(void) { return (unsigned)ndying; }
+
+/* At shutdown: what proc_kill_async killed gets a bounded wait, then is reaped. */
+static void dying_reap_all(void)
+{
+    int64_t until = now_ms() + PROC_KILL_WAIT_MS;
+    while (ndying > 0) {
+        struct dying *d = &dying[ndying - 1];
+        int state;
+        int64_t left;
+        while ((state = reap_now(d->pid, d->pidfd)) == 0 && (left = until - now_ms()) > 0) {
+            struct pollfd pf = {d->pidfd, POLLIN, 0};
+            if (d->pidfd >= 0)
+                poll(&pf, 1, (int)left);
+            else
+                nanosleep(&(struct timespec){0, 1000000}, NULL);
+        }
+        if (state == 0)
+            LOG_W("process %d did not die within %d ms of SIGKILL; left to init", (int)d->pid,
+                  PROC_KILL_WAIT_MS);
+        proc_unkeep(d->pid);
+        dying_forget(d->pid);
+    }
+}
+
 static struct proc *find(pid_t pid)
 {
     for (struct proc *p = registry; p; p = p->next)
@@ -152,6 +218,7 @@ void proc_reap(void)
             proc_unkeep(si.si_pid);
             if (waitpid(si.si_pid, NULL, WNOHANG) > 0 && !was_kept)
                 orphans_reaped++;
+            dying_forget(si.si_pid);
         }
     }
 }
@@ -181,6 +248,7 @@ void proc_init(struct ev_loop *loop)
 
 void proc_shutdown(void)
 {
+    dying_reap_all();
     if (!proc_loop)
         return;
     ev_ref(proc_loop);

@@ -47,6 +47,13 @@ void proc_keep(pid_t pid);
  * it when it is gone. */
 #define PROC_KILL_WAIT_MS 2000
 void proc_kill_reap(pid_t pid, int pidfd);
+/* The same without waiting, for the loop: SIGKILL (through `pidfd`, which is ours from
+ * here), and the child is reaped when it is gone (proc_reap, on its SIGCHLD; a frozen or
+ * slow-to-die child costs the loop nothing). proc_shutdown waits, bounded by
+ * PROC_KILL_WAIT_MS, for those still dying. */
+void proc_kill_async(pid_t pid, int pidfd);
+/* Children killed by proc_kill_async and not reaped yet. */
+unsigned proc_dying(void);
 /* Kill every unregistered, unkept child of the supervisor and their trees (orphans that a
  * dead shim left behind). Returns how many processes were signalled. */
 int proc_sweep_orphans(void);

@@ -1384,9 +1384,10 @@ static void m_call(struct srv_conn *conn, uint32_t msgid, const msgpack_object *
     spawner_check(srv);
     session_zygote_check(ss);
     if (!ss->isolated) {
-        /* adopted after a restart, or its zygote died: its zygote or ruleset is built now */
+        /* adopted after a restart, or its zygote died: its zygote or ruleset is built
+         * now; the call waits for a zygote on its way, the loop does not */
         char *err = NULL;
-        if (!session_isolate(ss->s, srv->policy, srv->spawner, &err)) {
+        if (!session_isolate_async(ss->s, srv->policy, srv->spawner, &err)) {
             bool shortage = errno_is_shortage(errno);
             rpc_send_error(conn->rpc, msgid, shortage ? "OVERLOADED" : "INTERNAL", shortage,
                            err, NULL);
@@ -1406,7 +1407,7 @@ static void m_call(struct srv_conn *conn, uint32_t msgid, const msgpack_object *
     srv->calls = sc;
     ss->ncalls++;
     sc->call = call_start(srv->loop, srv->policy, ss->s, &req, on_call_done, on_call_output, sc);
-    if (sc->call->state == CALL_RUNNING) {
+    if (sc->call->state == CALL_RUNNING || sc->call->state == CALL_STARTING) {
         sc->counted = true;
         srv->running++;
         conn->running++;
@@ -1432,7 +1433,8 @@ static void m_cancel(struct srv_conn *conn, uint32_t msgid, const msgpack_object
     bool found = false;
     for (struct srv_call *sc = conn->srv->calls; sc; sc = sc->next) {
         if (sc->conn == conn && sc->msgid == (uint32_t)target &&
-            (sc->call->state == CALL_RUNNING || sc->call->state == CALL_TERMINATING)) {
+            (sc->call->state == CALL_RUNNING || sc->call->state == CALL_TERMINATING ||
+             sc->call->state == CALL_STARTING)) {
             call_stop(sc->call, CLASS_CANCELLED, NULL, NULL, false);
             found = true;
         }

@@ -408,6 +408,17 @@ bool session_isolate(struct session *s, const struct policy *p, struct zygote *s
     return true;
 }
 
+bool session_isolate_async(struct session *s, const struct policy *p, struct zygote *spawner,
+                           char **err)
+{
+    struct zygote *starting;
+    if (!session_isolate_begin(s, p, spawner, &starting, err))
+        return false;
+    if (starting)
+        s->zygote = starting;
+    return true;
+}
+
 bool session_isolate_begin(struct session *s, const struct policy *p, struct zygote *spawner,
                            struct zygote **starting, char **err)
 {

@@ -79,6 +79,10 @@ struct zygote *session_zygote_take(struct session *s);
  * readable, and puts it in s->zygote); *starting NULL: the session is ready now. */
 bool session_isolate_begin(struct session *s, const struct policy *p, struct zygote *spawner,
                            struct zygote **starting, char **err);
+/* The same, with a strict session's zygote put in s->zygote while it starts: its calls
+ * wait for it (zygote.h, EINPROGRESS) and the caller does not. */
+bool session_isolate_async(struct session *s, const struct policy *p, struct zygote *spawner,
+                           char **err);
 /* End its isolation (the zygote first: its processes), remove the root (unless
  * keep_root) and release the uid; frees the session. Returns -1
  * when part of the root could not be removed (logged). */

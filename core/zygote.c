@@ -733,20 +733,22 @@ struct zygote *zygote_start_begin(const struct zygote_config *cfg, char **err)
 
 int zygote_start_fd(const struct zygote *z) { return z->sock; }
 
-int zygote_start_finish(struct zygote *z, char **err)
+/* Its ready message (or its last words) has arrived: read it. -1 and *err, z marked
+ * broken (not freed), when it could not build its world. */
+static int start_complete(struct zygote *z, char **err)
 {
     char hello[300];
     int nfds;
     int none[1];
     ssize_t n = recv_with_fds(z->sock, hello, sizeof hello - 1, none, 0, &nfds);
+    z->starting = false;
     if (n != 1 || hello[0] != 'R') {
         hello[n > 1 ? n : 1] = 0;
         *err = xasprintf("the session's sandbox could not be built: %s",
                          n > 1 ? hello + 1 : "the zygote died");
-        zygote_stop(z);
+        z->broken = true;
         return -1;
     }
-    z->starting = false;
     /* the server's spawner serves every session's calls at once: keep a few ahead */
     z->want = z->plain ? ZYG_POOL : 1;
     while (z->plain && z->asked < z->want && spare_ask(z) == 0)
@@ -756,6 +758,36 @@ int zygote_start_finish(struct zygote *z, char **err)
         spare_ask(z);
     return 0;
 }
+
+int zygote_start_finish(struct zygote *z, char **err)
+{
+    if (start_complete(z, err) < 0) {
+        zygote_stop(z);
+        return -1;
+    }
+    return 0;
+}
+
+/* A zygote a session was given while it starts: 0 once it is ready, -1 with EINPROGRESS
+ * while it builds, -1 with EPIPE (logged why) if it could not. Never waits. */
+static int start_poll(struct zygote *z)
+{
+    struct pollfd pf = {z->sock, POLLIN, 0};
+    if (poll(&pf, 1, 0) == 0) {
+        errno = EINPROGRESS;
+        return -1;
+    }
+    char *err = NULL;
+    if (start_complete(z, &err) < 0) {
+        LOG_W("%s", err);
+        free(err);
+        errno = EPIPE;
+        return -1;
+    }
+    return 0;
+}
+
+int zygote_wait_fd(const struct zygote *z) { return z->sock; }
 
 struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
 {
@@ -768,10 +800,12 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
     return zygote_start_finish(z, err) == 0 ? z : NULL;
 }
 
-/* A live spare off the pool: 0, or -1 with errno. The server's spawner is never waited
- * for (EWOULDBLOCK when it has none ready: the caller forks the shim itself); a session's
- * zygote is asked and waited for (its own spare, or the one a running call's shim asked
- * for: never only the latter, which may be slow). */
+/* A live spare off the pool: 0, or -1 with errno. Neither zygote is waited for: the
+ * server's spawner says EWOULDBLOCK when it has none ready (the caller forks the shim
+ * itself); a session's zygote is asked (its own spare, not only the one a running call's
+ * shim asked for, which may be slow; one already asked for is not doubled) and says
+ * EINPROGRESS: the caller waits for zygote_wait_fd, off the loop's critical path, and
+ * tries again. */
 static int spare_take(struct zygote *z, struct zyg_spare *out)
 {
     if (spare_collect(z, false) < 0)
@@ -790,9 +824,10 @@ static int spare_take(struct zygote *z, struct zyg_spare *out)
             errno = EWOULDBLOCK;
             return -1;
         }
-        /* one already asked for (the session's first runner) is waited for, not doubled */
-        if ((z->asked == 0 && spare_ask(z) < 0) || spare_collect(z, true) < 0)
+        if (z->asked == 0 && spare_ask(z) < 0)
             return -1;
+        errno = EINPROGRESS;
+        return -1;
     }
 }
 
@@ -892,6 +927,8 @@ static int start_on(struct zygote *z, struct runner_pool *pool, const struct spa
         errno = EPIPE;
         return -1;
     }
+    if (z->starting && start_poll(z) < 0)
+        return -1;
     struct buf b = {0};
     if (!request_build(req, &b))
         return -1;
@@ -1048,7 +1085,9 @@ void zygote_stop(struct zygote *z)
      * their trees; the mount and network namespaces go with the last process. */
     while (z->npool > 0)
         spare_drop(&z->pool[--z->npool]);
-    proc_kill_reap(z->pid, z->pidfd);
+    /* not waited for: a zygote slow to die (its namespaces to tear down, or frozen)
+     * costs the loop nothing; it is reaped when it is gone */
+    proc_kill_async(z->pid, z->pidfd);
     close_quietly(&z->sock);
     free(z);
 }

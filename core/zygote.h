@@ -55,10 +55,16 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err);
 struct zygote *zygote_start_begin(const struct zygote_config *cfg, char **err);
 int zygote_start_fd(const struct zygote *z);
 int zygote_start_finish(struct zygote *z, char **err);
+/* A zygote on its way may also be given to a session as it is (an adopted session's, or
+ * one whose zygote died): its calls wait for it as for a spare (below). */
 /* Start a call inside it: like spawn_start, but the shim is a spare the zygote made
  * ahead of time (in a session's world, pid 1 of a fresh pid namespace); the request and
- * the call's pipes go to it directly, and the zygote is asked for the next one. */
+ * the call's pipes go to it directly, and the zygote is asked for the next one.
+ * A session's zygote with no spare ready (or still building its world) is never waited
+ * for: -1 with EINPROGRESS, a spare asked for; the caller waits for zygote_wait_fd(z) to
+ * turn readable and calls again. */
 int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_child *out);
+int zygote_wait_fd(const struct zygote *z);
 /* Runners (spawn.h): a session keeps the spares its calls ran on, each ready for its
  * next call, so that a call creates one process (the tool's). The pool grows to the
  * session's calls in flight (at most RUNNERS_MAX kept idle); a runner is drawn from the
@@ -97,7 +103,8 @@ unsigned zygote_standby(struct zygote *z, int wait_ms, unsigned *fds);
 /* False once it has died (killed, OOM) or stopped answering: its spares are gone with it
  * and it makes no more; the owner replaces it. Marks it broken. */
 bool zygote_alive(struct zygote *z);
-/* Kill it (its calls die with it) and release everything. */
+/* Kill it (its calls die with it) and release everything; it is reaped later, from the
+ * loop (proc_kill_async): this does not wait for it to die. */
 void zygote_stop(struct zygote *z);
 
 #endif
