@@ -960,11 +960,15 @@ static void on_start_ready(struct ev_loop *loop, ev_io *w, int revents)
     ev_io_stop(c->loop, w);
     close_quietly(&c->start_fd);
     c->waited_ms = now_ms() - c->started_ms;
-    if (call_spawn(c, c->depth) == 0) {
+    /* its zygote was taken away meanwhile (it died) and none was given instead: never a
+     * start outside the session's world */
+    int e = EPIPE;
+    if (c->session->zygote && call_spawn(c, c->depth) == 0) {
         call_arm(c);
         return;
     }
-    int e = errno;
+    if (c->session->zygote)
+        e = errno;
     if (e == EINPROGRESS && c->session->zygote && call_wait_start(c))
         return;
     c->state = CALL_ACCEPTED;

@@ -71,6 +71,8 @@ int sandbox_apply_seccomp(unsigned walls);
 int sandbox_seccomp_attach_base(void);
 /* Compile the filters once, up front (the supervisor calls this at start). */
 int sandbox_seccomp_prepare(void);
+/* Only those a tool with `walls` (SANDBOX_*) needs: a one-shot run's. */
+int sandbox_seccomp_prepare_walls(unsigned walls);
 
 /* A host path the policy mounts into its sessions' worlds. */
 struct sandbox_mount {

@@ -506,20 +506,45 @@ out:
     return rc;
 }
 
+static int seccomp_compile_once(enum seccomp_part part)
+{
+    if (compiled[part].filter)
+        return 0;
+    int rc = seccomp_compile(part, &compiled[part]);
+    if (rc != 0) {
+        errno = -rc;
+        return -1;
+    }
+    return 0;
+}
+
 int sandbox_seccomp_prepare(void)
 {
     if (!sandbox_caps()->available[LAYER_SECCOMP])
         return 0;
-    for (int part = SECCOMP_BASE; part < SECCOMP_PARTS; part++) {
-        if (compiled[part].filter)
-            continue;
-        int rc = seccomp_compile((enum seccomp_part)part, &compiled[part]);
-        if (rc != 0) {
-            errno = -rc;
+    for (int part = SECCOMP_BASE; part < SECCOMP_PARTS; part++)
+        if (seccomp_compile_once((enum seccomp_part)part) < 0)
             return -1;
-        }
-    }
     return 0;
+}
+
+/* The filter a tool with these walls gets on top of the base one; SECCOMP_PARTS: none. */
+static enum seccomp_part walls_part(unsigned walls)
+{
+    bool net = walls & SANDBOX_NET_CLOSED;
+    if (walls & SANDBOX_HOST_SHARED)
+        return net ? SECCOMP_HOST_SHARED_NET_CLOSED : SECCOMP_HOST_SHARED;
+    return net ? SECCOMP_NET_CLOSED : SECCOMP_PARTS;
+}
+
+int sandbox_seccomp_prepare_walls(unsigned walls)
+{
+    if (!sandbox_caps()->available[LAYER_SECCOMP])
+        return 0;
+    enum seccomp_part part = walls_part(walls);
+    if (seccomp_compile_once(SECCOMP_BASE) < 0)
+        return -1;
+    return part == SECCOMP_PARTS ? 0 : seccomp_compile_once(part);
 }
 
 static int seccomp_attach(enum seccomp_part part)
@@ -549,8 +574,6 @@ int sandbox_apply_seccomp(unsigned walls)
     if (!base_attached && seccomp_attach(SECCOMP_BASE) < 0)
         return -1;
     /* one more filter per call at most: its attach is per-call cost */
-    bool net = walls & SANDBOX_NET_CLOSED;
-    if (walls & SANDBOX_HOST_SHARED)
-        return seccomp_attach(net ? SECCOMP_HOST_SHARED_NET_CLOSED : SECCOMP_HOST_SHARED);
-    return net ? seccomp_attach(SECCOMP_NET_CLOSED) : 0;
+    enum seccomp_part part = walls_part(walls);
+    return part == SECCOMP_PARTS ? 0 : seccomp_attach(part);
 }

@@ -476,8 +476,9 @@ int session_close(struct session *s)
     if (s->root && s->keep_root && s->drop_user && s->uid_lock_fd >= 0)
         kept_record(s->uid, s->root);
     bool removing = s->root && !s->keep_root;
-    if (removing && s->record) {
-        /* a crash from here on leaves a record that says "remove me" */
+    if (removing && s->record && s->record->owner == RECORD_SERVE) {
+        /* a crash from here on leaves a record that says "remove me" (another owner's is
+         * over when its process is: record_expired) */
         s->record->state = RECORD_CLOSING;
         if (session_record_save(s) < 0)
             LOG_W("session %s: record: %s", s->id, strerror(errno));

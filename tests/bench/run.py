@@ -478,7 +478,7 @@ def section_latency(ctx, bench):
                                   note="STOCKADE_RUNNERS=0"))
                     bench.add(Row(sec, f"session.open round trip ({iso})", "ms",
                                   [x / 1e6 for x in col(probe_opens(ctx, iso), "open")],
-                                  note="raw C client; see also section 4",
+                                  base=base, note="raw C client; see also section 4",
                                   key=f"open:{iso}"))
             except RuntimeError as e:
                 bench.fail(label, str(e))
@@ -765,6 +765,7 @@ def section_sessions(ctx, bench):
                                    f"{statistics.median(col(out, 'kids_pss')) / 1024:.1f} MiB"))
             opens = [x / 1e6 for x in col(out, "open")]
             bench.add(Row(mem, f"session.open, {label}", "ms", opens, key=f"openm:{iso}:{m}",
+                          base="floor:true" if "floor:true" in bench.by_key else None,
                           note="each open while 0..N-1 are open"))
             if m == counts[iso][-1]:
                 scaling.append((iso, m, [x / 1e6 for x in col(out, "lat")]))
