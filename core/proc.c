@@ -132,8 +132,6 @@ void proc_kill_async(pid_t pid, int pidfd)
     dying[ndying++] = (struct dying){pid, pidfd};
 }
 
-unsigned proc_dying(void) { return (unsigned)ndying; }
-
 /* At shutdown: what proc_kill_async killed gets a bounded wait, then is reaped. */
 static void dying_reap_all(void)
 {

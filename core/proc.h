@@ -4,7 +4,7 @@
  * watches their exit through pidfds, and is the only place that reaps. The supervisor is
  * a child subreaper, so orphans of a call that lost its shim land here too: they are
  * killed and reaped, never left running. Children kept on purpose (zygotes) are known
- * here too, and ended through proc_kill_reap.
+ * here too, and ended through proc_kill_async (or proc_kill_reap, which waits).
  *
  * The one exception in the supervisor: sandbox_caps_namespaces() forks a throwaway child
  * (one per namespace if that fails) to probe the kernel and waits for it itself, once,
@@ -52,8 +52,6 @@ void proc_kill_reap(pid_t pid, int pidfd);
  * slow-to-die child costs the loop nothing). proc_shutdown waits, bounded by
  * PROC_KILL_WAIT_MS, for those still dying. */
 void proc_kill_async(pid_t pid, int pidfd);
-/* Children killed by proc_kill_async and not reaped yet. */
-unsigned proc_dying(void);
 /* Kill every unregistered, unkept child of the supervisor and their trees (orphans that a
  * dead shim left behind). Returns how many processes were signalled. */
 int proc_sweep_orphans(void);

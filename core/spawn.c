@@ -773,7 +773,7 @@ int spawn_start(const struct spawn_req *req, struct spawn_child *out)
     if (pid < 0 || pidfd < 0) {
         int e = pid < 0 ? fork_errno : errno;
         if (pid > 0)
-            proc_kill_reap(pid, -1);
+            proc_kill_async(pid, -1);
         spawn_pipes_close(&p);
         errno = e;
         return -1;

@@ -4,7 +4,7 @@
  * makes each call's shim ahead of time (a spare), so that a call is a message to a
  * process that is already there. With `plain`, no namespaces: the server's spawner for
  * process isolation. The zygote is the supervisor's child, kept with proc_keep and ended
- * with proc_kill_reap (proc.h). */
+ * with proc_kill_async (proc.h). */
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>

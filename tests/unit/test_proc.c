@@ -63,10 +63,34 @@ static void test_kill_reap(void)
     CHECK(proc_orphans_reaped() == before);
 }
 
+/* proc_kill_async does not wait: the child is reaped later, by proc_reap (on its
+ * SIGCHLD) or at proc_shutdown (bounded), and is no orphan either way. */
+static void test_kill_async(void)
+{
+    unsigned long before = proc_orphans_reaped();
+    pid_t pid = child_that_waits();
+    int pidfd = pidfd_open(pid, 0);
+    CHECK(pidfd >= 0);
+    proc_keep(pid);
+    proc_kill_async(pid, pidfd);
+    /* dead now (a zombie for proc_reap), unless it died fast enough to be reaped already */
+    siginfo_t si = {0};
+    CHECK(waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT) == 0 || errno == ECHILD);
+    proc_reap();
+    CHECK(waitpid(pid, NULL, WNOHANG) < 0 && errno == ECHILD);
+
+    pid = child_that_waits();
+    proc_kill_async(pid, -1);
+    proc_shutdown();                /* what is still dying is waited for, then reaped */
+    CHECK(waitpid(pid, NULL, WNOHANG) < 0 && errno == ECHILD);
+    CHECK(proc_orphans_reaped() == before);
+}
+
 int main(void)
 {
     test_dead_kept_child_is_no_orphan();
     test_dead_unknown_child_is_an_orphan();
     test_kill_reap();
+    test_kill_async();
     return check_report("test_proc");
 }
