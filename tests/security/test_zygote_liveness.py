@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
 
 import noisy  # noqa: E402
 from noisy import Server, raw_read_responses, raw_request  # noqa: E402
+from serve_helpers import wait_until  # noqa: E402
 
 # Another session's worst `hello` while a zygote is held: a bound, not a speed target
 # (it answers in about a millisecond; the waits this file guards against lasted as long as
@@ -40,15 +41,8 @@ HOLD = 2.5                  # how long a zygote is held still: longer than BOUND
 FREEZER = "/sys/fs/cgroup/freezer"
 
 
-def until(pred, bound, what, step=0.02):
-    end = time.monotonic() + bound
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {bound:.0f}s waiting for {what}")
-        time.sleep(step)
+def until(pred, bound, what):
+    return wait_until(pred, bound, what, interval=0.02)
 
 
 @pytest.fixture
@@ -123,7 +117,7 @@ class HelloProber:
             pass
 
 
-def children(pid):
+def child_pids(pid):
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             return {int(x) for x in f.read().split()}
@@ -136,7 +130,7 @@ def zygotes(server):
     own (the spawner, process isolation's, shares the server's)."""
     mine = os.readlink(f"/proc/{server.pid}/ns/net")
     out = set()
-    for pid in children(server.pid):
+    for pid in child_pids(server.pid):
         try:
             if os.readlink(f"/proc/{pid}/ns/net") != mine:
                 out.add(pid)
