@@ -4,7 +4,6 @@
 #include "zygote.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -65,14 +64,22 @@ static void set_result(struct call *c, enum call_class class, bool retryable, ch
 
 /* ---- answering: the one place a call's resources are let go of -------------------- */
 
+/* A call in STARTING no longer waits for its zygote. */
+static void stop_waiting(struct call *c)
+{
+    if (!ev_is_active(&c->start_watcher))
+        return;
+    ev_io_stop(c->loop, &c->start_watcher);
+    zygote_wait_end(c->zygote);
+}
+
 static void stop_io(struct call *c)
 {
     ev_io_stop(c->loop, &c->out.watcher);
     ev_io_stop(c->loop, &c->err.watcher);
     ev_io_stop(c->loop, &c->stdin_watcher);
     ev_io_stop(c->loop, &c->report_watcher);
-    ev_io_stop(c->loop, &c->start_watcher);
-    close_quietly(&c->start_fd);
+    stop_waiting(c);
     ev_timer_stop(c->loop, &c->timeout_timer);
     ev_timer_stop(c->loop, &c->deadline_timer);
     ev_timer_stop(c->loop, &c->grace_timer);
@@ -360,8 +367,7 @@ void call_stop(struct call *c, enum call_class class, const char *layer, const c
     if (c->state == CALL_STARTING) {
         /* nothing started: answered as a call that never ran */
         c->state = CALL_ACCEPTED;
-        ev_io_stop(c->loop, &c->start_watcher);
-        close_quietly(&c->start_fd);
+        stop_waiting(c);
         ev_timer_stop(c->loop, &c->timeout_timer);
         ev_timer_stop(c->loop, &c->deadline_timer);
         refuse(c, class,
@@ -791,7 +797,6 @@ static struct call *call_new(struct ev_loop *loop, struct policy *policy,
     c->child = (struct spawn_child){.stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1,
                                     .status_fd = -1, .pidfd = -1};
     c->runner.sp = (struct zyg_spare){-1, -1, -1};
-    c->start_fd = -1;
     ev_io_init(&c->start_watcher, on_start_ready, -1, EV_READ);
     c->start_watcher.data = c;
     ev_timer_init(&c->answer_timer, on_answer_timer, 0, 0);
@@ -921,16 +926,14 @@ static void call_arm(struct call *c)
 }
 
 /* The session's zygote has no spare ready, or is still building its world: the call
- * waits for it on the loop (its timeout and deadline running), the loop does not. False
- * (errno) if it cannot even wait. */
-static bool call_wait_start(struct call *c)
+ * waits for it on the loop (its timeout and deadline running), the loop does not. The
+ * call refers to the zygote meanwhile, so that its owner keeps it (and its socket, which
+ * every call waiting for it watches; only its calls take spares off it) until then. */
+static void call_wait_start(struct call *c)
 {
-    int fd = fcntl(zygote_wait_fd(c->session->zygote), F_DUPFD_CLOEXEC, 3);
-    if (fd < 0)
-        return false;
-    /* our own copy: the zygote may be stopped (and its socket closed) while we wait */
-    c->start_fd = fd;
-    ev_io_set(&c->start_watcher, fd, EV_READ);
+    c->zygote = c->session->zygote;
+    zygote_wait_begin(c->zygote);
+    ev_io_set(&c->start_watcher, zygote_wait_fd(c->zygote), EV_READ);
     ev_io_start(c->loop, &c->start_watcher);
     if (c->state != CALL_STARTING) {
         c->state = CALL_STARTING;
@@ -942,7 +945,6 @@ static bool call_wait_start(struct call *c)
             ev_timer_start(c->loop, &c->deadline_timer);
         }
     }
-    return true;
 }
 
 static void call_start_failed(struct call *c, int e)
@@ -957,8 +959,7 @@ static void on_start_ready(struct ev_loop *loop, ev_io *w, int revents)
 {
     (void)loop, (void)revents;
     struct call *c = w->data;
-    ev_io_stop(c->loop, w);
-    close_quietly(&c->start_fd);
+    stop_waiting(c);
     c->waited_ms = now_ms() - c->started_ms;
     /* its zygote was taken away meanwhile (it died) and none was given instead: never a
      * start outside the session's world */
@@ -969,8 +970,10 @@ static void on_start_ready(struct ev_loop *loop, ev_io *w, int revents)
     }
     if (c->session->zygote)
         e = errno;
-    if (e == EINPROGRESS && c->session->zygote && call_wait_start(c))
+    if (e == EINPROGRESS) {
+        call_wait_start(c);         /* the session's zygote now, the same or a new one */
         return;
+    }
     c->state = CALL_ACCEPTED;
     ev_timer_stop(c->loop, &c->timeout_timer);
     ev_timer_stop(c->loop, &c->deadline_timer);
@@ -991,9 +994,10 @@ struct call *call_start(struct ev_loop *loop, struct policy *policy, struct sess
     c->depth = d.depth;
     if (call_spawn(c, d.depth) < 0) {
         int e = errno;
-        if (e == EINPROGRESS && c->session->zygote && call_wait_start(c))
-            return c;
-        call_start_failed(c, e == EINPROGRESS ? errno : e);
+        if (e == EINPROGRESS)       /* only from a session's zygote */
+            call_wait_start(c);
+        else
+            call_start_failed(c, e);
         return c;
     }
     call_arm(c);

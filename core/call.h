@@ -99,10 +99,10 @@ struct call {
     struct spawn_child child;
     struct proc proc;
     bool shim_reaped;
-    struct zygote *zygote;              /* whose spare runs the call (borrowed), or NULL */
+    struct zygote *zygote;              /* whose spare runs the call, or is awaited
+                                         * (borrowed: kept while a call refers to it) */
     struct zyg_runner runner;           /* the session's runner it runs on (pid -1: none) */
-    ev_io start_watcher;                /* STARTING: the zygote has something for us */
-    int start_fd;                       /* our copy of the zygote's socket, while STARTING */
+    ev_io start_watcher;                /* STARTING: c->zygote has something for us */
     int64_t depth, waited_ms;           /* for the start when it comes; how long it took */
     ev_io report_watcher;               /* a zygote's shim: its report ends the call */
     bool ran;                           /* the tool ran and ended on its own */

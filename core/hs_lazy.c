@@ -5,8 +5,6 @@
  * from the Makefile). If it cannot be loaded, every call fails (a compile with an error
  * that says why), so redaction fails closed. Generated from hs.h; the allocator setters
  * are left out (nothing sets them). */
-#include "hs_lazy.h"
-
 #include <dlfcn.h>
 #include <hs.h>
 #include <pthread.h>
@@ -27,11 +25,6 @@ static void load(void)
     if (!lib)
         snprintf(load_error_text, sizeof load_error_text, "Vectorscan (%s) cannot be loaded: %s",
                  HS_SONAME, dlerror());
-}
-
-bool hs_lazy_loaded(void)
-{
-    return lib != NULL;
 }
 
 /* The library is loaded once (whichever thread asks first); each definition keeps the

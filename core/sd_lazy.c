@@ -32,9 +32,14 @@ static void *sym(const char *name)
 
 int sd_listen_fds(int unset_environment)
 {
-    /* nothing to load when systemd passed nothing */
-    if (!getenv("LISTEN_FDS"))
+    /* nothing to load when systemd passed nothing (what sd_listen_fds(3) unsets, too) */
+    if (!getenv("LISTEN_FDS")) {
+        if (unset_environment) {
+            unsetenv("LISTEN_PID");
+            unsetenv("LISTEN_FDNAMES");
+        }
         return 0;
+    }
     static __typeof__(&sd_listen_fds) fn;
     if (!fn)
         fn = (__typeof__(&sd_listen_fds))sym("sd_listen_fds");

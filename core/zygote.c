@@ -789,6 +789,14 @@ static int start_poll(struct zygote *z)
 
 int zygote_wait_fd(const struct zygote *z) { return z->sock; }
 
+void zygote_wait_begin(struct zygote *z) { z->waiting++; }
+
+void zygote_wait_end(struct zygote *z)
+{
+    if (z->waiting > 0)
+        z->waiting--;
+}
+
 struct zygote *zygote_start(const struct zygote_config *cfg, char **err)
 {
     struct zygote *z = zygote_start_begin(cfg, err);
@@ -814,8 +822,12 @@ static int spare_take(struct zygote *z, struct zyg_spare *out)
         while (z->npool > 0) {
             *out = z->pool[--z->npool];
             struct pollfd gone = {out->pidfd, POLLIN, 0};
-            if (poll(&gone, 1, 0) <= 0)
+            if (poll(&gone, 1, 0) <= 0) {
+                /* calls still waiting: the one they asked for may be this one */
+                if (!z->plain && z->waiting > 0 && z->asked == 0)
+                    spare_ask(z);
                 return 0;
+            }
             spare_drop(out);        /* it died while it waited */
         }
         if (z->plain) {
@@ -1048,6 +1060,11 @@ unsigned zygote_standby(struct zygote *z, int wait_ms, unsigned *fds)
             *fds += 2u;         /* its pidfd and socket, held until it is replaced */
         return 0;
     }
+    /* A session's zygote: its spares are taken off its socket only by its calls, which
+     * wait for that socket to turn readable (zygote_wait_fd); one taken here would leave
+     * them waiting for nothing. Those on their way are counted as asked for. */
+    if (!z->plain)
+        wait_ms = -1;
     /* Spares asked for are on their way (a fork, under a millisecond): with wait_ms, wait
      * a little for them, so that a quiet server reports the same figure every time. */
     if (wait_ms >= 0) {

@@ -42,6 +42,7 @@ struct zygote {
     int coming;             /* spares the shims of ones handed out will ask for */
     int want;               /* how many to keep ahead: ready + asked + coming */
     bool starting;          /* forked, its ready message not read yet */
+    int waiting;            /* calls waiting for a spare (or for the start) */
 };
 
 /* Start a session's zygote: its namespaces and mount tree are ready when this returns.
@@ -65,6 +66,10 @@ int zygote_start_finish(struct zygote *z, char **err);
  * turn readable and calls again. */
 int zygote_spawn(struct zygote *z, const struct spawn_req *req, struct spawn_child *out);
 int zygote_wait_fd(const struct zygote *z);
+/* A call that waits for zygote_wait_fd counts itself in (and out when it stops waiting):
+ * a spare that another call takes meanwhile is then asked for again, for it. */
+void zygote_wait_begin(struct zygote *z);
+void zygote_wait_end(struct zygote *z);
 /* Runners (spawn.h): a session keeps the spares its calls ran on, each ready for its
  * next call, so that a call creates one process (the tool's). The pool grows to the
  * session's calls in flight (at most RUNNERS_MAX kept idle); a runner is drawn from the

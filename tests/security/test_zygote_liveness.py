@@ -303,3 +303,24 @@ def test_an_adopted_session_builds_its_zygote_off_the_loop(serve):
     print(f"hello worst {worst * 1000:.0f} ms")
     assert err is None and res["class"] == "OK", (err, res)
     assert worst < BOUND, f"another client's hello waited {worst:.2f}s for an adopted zygote"
+
+
+def test_calls_at_once_each_get_a_runner(serve):
+    """Calls sent together to a fresh strict session, more than it has runners: each waits
+    for a spare of its zygote, none is forgotten (one taken by another call is asked for
+    again), every one runs."""
+    srv = serve()
+    sock = srv.raw()
+    try:
+        sock.sendall(raw_request(1, "session.open", {}))
+        err, res = raw_read_responses(sock, 1, 30).get(1, ("no answer", None))
+        assert err is None, err
+        sid = res["session_id"]
+        n = 8
+        sock.sendall(b"".join(raw_request(10 + i, "call", {"session_id": sid, "tool": "true"})
+                              for i in range(n)))
+        got = raw_read_responses(sock, n, 60)
+    finally:
+        sock.close()
+    classes = {m: (err or res["class"]) for m, (err, res) in got.items()}
+    assert classes == {10 + i: "OK" for i in range(n)}, classes
