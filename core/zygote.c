@@ -1060,15 +1060,15 @@ unsigned zygote_standby(struct zygote *z, int wait_ms, unsigned *fds)
             *fds += 2u;         /* its pidfd and socket, held until it is replaced */
         return 0;
     }
-    /* A session's zygote: its spares are taken off its socket only by its calls, which
+    /* Spares asked for are on their way (a fork, under a millisecond): with wait_ms, wait
+     * a little for them, so that a quiet server reports the same figure every time. Not
+     * a session's zygote's: its spares are taken off its socket only by its calls, which
      * wait for that socket to turn readable (zygote_wait_fd); one taken here would leave
      * them waiting for nothing. Those on their way are counted as asked for. */
-    if (!z->plain)
-        wait_ms = -1;
-    /* Spares asked for are on their way (a fork, under a millisecond): with wait_ms, wait
-     * a little for them, so that a quiet server reports the same figure every time. */
+    bool collect = z->plain && wait_ms >= 0;
     if (wait_ms >= 0) {
-        spare_collect(z, false);    /* what arrived, expected or not */
+        if (collect)
+            spare_collect(z, false);    /* what arrived, expected or not */
         /* a spare killed while it waited in the pool stands by for nothing */
         int kept = 0;
         for (int i = 0; i < z->npool; i++) {
@@ -1082,7 +1082,8 @@ unsigned zygote_standby(struct zygote *z, int wait_ms, unsigned *fds)
     }
     struct pollfd pf = {z->sock, POLLIN, 0};
     int64_t until = now_ms() + (wait_ms > 0 ? wait_ms : 0);
-    for (int64_t left = wait_ms; left >= 0 && !z->broken && z->asked + z->coming > 0;
+    for (int64_t left = collect ? wait_ms : -1; left >= 0 && !z->broken &&
+                                                z->asked + z->coming > 0;
          left = until - now_ms()) {
         if (left > 0 && poll(&pf, 1, (int)left) <= 0)
             break;
