@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
 import noisy  # noqa: E402
 from noisy import Server, raw_read_responses, raw_request  # noqa: E402
 from serve_helpers import wait_until  # noqa: E402
+from stockade_testlib import policy_at_level  # noqa: E402
 
 # Another session's worst `hello` while a zygote is held: a bound, not a speed target
 # (it answers in about a millisecond; the waits this file guards against lasted as long as
@@ -46,20 +47,11 @@ def until(pred, bound, what):
 
 
 @pytest.fixture
-def strict_policy(stockade, state_dir):
+def strict_policy(stockade):
     doctor = subprocess.run([stockade, "doctor"], capture_output=True, text=True, timeout=60)
     if doctor.returncode != 0 or "isolation strict:  available" not in doctor.stdout:
         pytest.skip(f"strict isolation unavailable here: {doctor.stdout[-300:]}")
-    with open(noisy.POLICY, encoding="utf-8") as f:
-        text = f.read()
-    for old, new in (('name = "liveness"', 'name = "zygote-liveness"'),
-                     ('isolation = "process"', 'isolation = "strict"')):
-        assert old in text, old
-        text = text.replace(old, new)
-    path = os.path.join(state_dir, "zygote_liveness.lua")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-    return path
+    return policy_at_level(noisy.POLICY, "strict")
 
 
 @pytest.fixture
