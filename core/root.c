@@ -300,17 +300,34 @@ int root_usage_at(int topfd, int64_t max_bytes, int64_t max_inodes, struct root_
     return rc;
 }
 
-/* One level of the walk: the name to remove in the parent, and the parent's identity so
- * that climbing back with ".." is checked rather than trusted. */
+/* Names of subdirectories one pass over a directory keeps for the walk to descend into:
+ * at most this many bytes of them per directory (more subdirectories than that cost one
+ * more pass per batch, not one per subdirectory). */
+#define REMOVE_BATCH_BYTES (1u << 20)
+
+/* One level of the walk: the name to remove in the parent, the parent's identity so that
+ * climbing back with ".." is checked rather than trusted, and the subdirectories the last
+ * pass over this directory found (NUL-separated names, consumed from batch_pos). */
 struct remove_frame {
     char *name;
     dev_t parent_dev;
     ino_t parent_ino;
+    char *batch;
+    size_t batch_len, batch_pos;
+    uint64_t passes;
 };
 
 struct dir_id {
     dev_t dev;
     ino_t ino;
+};
+
+struct remove_walk {
+    dev_t root_dev;
+    struct dir_id *failed;      /* directories that could not be removed: not retried */
+    size_t nfailed, failcap;
+    int errors;
+    struct root_remove_stats *stats;
 };
 
 static bool id_in(const struct dir_id *ids, size_t n, dev_t dev, ino_t ino)
@@ -321,57 +338,122 @@ static bool id_in(const struct dir_id *ids, size_t n, dev_t dev, ino_t ino)
     return false;
 }
 
-/* Unlink every non-directory entry of `fd` and return (malloc'd) the name of one
- * subdirectory to descend into that is on the same device and not known to have failed,
- * or NULL when none is left. */
-static char *scan_dir(int fd, dev_t root_dev, const struct dir_id *failed, size_t nfailed,
-                      int *errors)
+static void note_failed(struct remove_walk *w, dev_t dev, ino_t ino)
 {
-    int dupfd = dup(fd);
-    if (dupfd < 0) {
-        (*errors)++;
-        return NULL;
-    }
-    DIR *d = fdopendir(dupfd);
+    w->errors++;
+    w->failed = xgrow(w->failed, &w->failcap, w->nfailed, sizeof *w->failed, 8);
+    w->failed[w->nfailed++] = (struct dir_id){dev, ino};
+}
+
+/* One pass over `fd` (frame f): unlink every non-directory, remove empty directories in
+ * place, and keep the names of the others (up to REMOVE_BATCH_BYTES) in f->batch. The
+ * pass reads the directory from its start: what earlier passes removed is gone, so it
+ * sees only what is left. */
+static void remove_pass(int fd, struct remove_frame *f, struct remove_walk *w)
+{
+    free(f->batch);
+    f->batch = NULL;
+    f->batch_len = f->batch_pos = 0;
+    size_t cap = 0;
+    w->stats->passes++;
+    if (++f->passes > w->stats->max_dir_passes)
+        w->stats->max_dir_passes = f->passes;
+    /* its own open file description: the walk's fd keeps no offset of ours */
+    int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
     if (!d) {
-        close(dupfd);
-        (*errors)++;
-        return NULL;
+        if (dfd >= 0)
+            close(dfd);
+        w->errors++;
+        return;
     }
-    rewinddir(d);
-    char *next = NULL;
     struct dirent *de;
-    while (!next && (de = readdir(d))) {
+    while ((de = readdir(d))) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
+        w->stats->entries_read++;
         struct stat st;
         if (fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
             if (errno != ENOENT)
-                (*errors)++;
+                w->errors++;
             continue;
         }
         if (!S_ISDIR(st.st_mode)) {
             if (unlinkat(fd, de->d_name, 0) < 0 && errno != ENOENT)
-                (*errors)++;
-        } else if (st.st_dev == root_dev && !id_in(failed, nfailed, st.st_dev, st.st_ino)) {
-            /* An empty directory goes in this pass: descending into it would cost a
-             * rescan of this directory from its start on the way back, quadratic in a
-             * flat directory of many (a tool's cheap attack on close). */
-            if (unlinkat(fd, de->d_name, AT_REMOVEDIR) == 0 || errno == ENOENT)
-                continue;
-            next = xstrdup(de->d_name);
-        } else if (st.st_dev != root_dev) {
-            /* A mount point: never walk into another file system. */
-            if (unlinkat(fd, de->d_name, AT_REMOVEDIR) < 0)
-                (*errors)++;
+                w->errors++;
+            continue;
         }
+        if (st.st_dev != w->root_dev) {
+            /* A mount point: never walk into another file system. */
+            if (unlinkat(fd, de->d_name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+                note_failed(w, st.st_dev, st.st_ino);
+            continue;
+        }
+        if (id_in(w->failed, w->nfailed, st.st_dev, st.st_ino))
+            continue;
+        /* An empty directory goes now, without a descent. */
+        if (unlinkat(fd, de->d_name, AT_REMOVEDIR) == 0 || errno == ENOENT)
+            continue;
+        size_t n = strlen(de->d_name) + 1;
+        if (f->batch_len + n > REMOVE_BATCH_BYTES)
+            break;              /* the next pass takes the rest */
+        if (f->batch_len + n > cap) {
+            cap = cap ? cap * 2 : 4096;
+            while (cap < f->batch_len + n)
+                cap *= 2;
+            f->batch = xrealloc(f->batch, cap);
+        }
+        memcpy(f->batch + f->batch_len, de->d_name, n);
+        f->batch_len += n;
     }
     closedir(d);
-    return next;
+}
+
+/* Open subdirectory `sub` of `cur` to walk into: never through a symlink (O_NOFOLLOW on
+ * one component), never onto another file system. -1 when it is not to be walked (then
+ * it has been dealt with: removed as what it turned into, or noted as failed). */
+static int remove_descend(int cur, const char *sub, struct remove_walk *w)
+{
+    int child = openat(cur, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (child >= 0 && fstat(child, &st) == 0 && st.st_dev == w->root_dev)
+        return child;
+    if (child >= 0) {
+        /* mounted on since the pass saw it: leave it */
+        if (unlinkat(cur, sub, AT_REMOVEDIR) < 0 && errno != ENOENT &&
+            fstatat(cur, sub, &st, AT_SYMLINK_NOFOLLOW) == 0)
+            note_failed(w, st.st_dev, st.st_ino);
+        close(child);
+        return -1;
+    }
+    if (errno == ENOENT)
+        return -1;
+    /* Raced into a non-directory, or unreadable: try it as a file. */
+    if (unlinkat(cur, sub, 0) < 0 && errno != ENOENT) {
+        if (fstatat(cur, sub, &st, AT_SYMLINK_NOFOLLOW) == 0)
+            note_failed(w, st.st_dev, st.st_ino);
+        else
+            w->errors++;
+    }
+    return -1;
 }
 
 int root_remove_tree_at(int dirfd, const char *name)
 {
+    struct root_remove_stats stats;
+    return root_remove_tree_counted(dirfd, name, &stats);
+}
+
+/* Iterative and linear: one open directory at a time (a hostile tool can nest directories
+ * far deeper than we have descriptors or stack), and each directory read in a bounded
+ * number of passes: a pass keeps the names of the subdirectories it found, the walk
+ * descends into each in turn, and only when they are all done is the directory read
+ * again (to find what the batch could not hold, and what failed). Rescanning after each
+ * subdirectory instead costs the directory's whole size each time, n^2 for n
+ * subdirectories (10,000 directories of one file took 3.5 s). */
+int root_remove_tree_counted(int dirfd, const char *name, struct root_remove_stats *stats)
+{
+    *stats = (struct root_remove_stats){0, 0, 0};
     struct stat top;
     if (fstatat(dirfd, name, &top, AT_SYMLINK_NOFOLLOW) < 0)
         return errno == ENOENT ? 0 : -1;
@@ -385,46 +467,42 @@ int root_remove_tree_at(int dirfd, const char *name)
     if (cur < 0)
         return -1;
 
-    /* Iterative, one open directory at a time: a hostile tool can nest directories far
-     * deeper than we have descriptors or stack. */
+    struct remove_walk w = {.root_dev = top.st_dev, .stats = stats};
     struct remove_frame *stack = NULL;
     size_t depth = 0, cap = 0;
-    struct dir_id *failed = NULL;
-    size_t nfailed = 0, failcap = 0;
-    int errors = 0;
-    dev_t root_dev = top.st_dev;
-
     stack = xgrow(stack, &cap, depth, sizeof *stack, 16);
-    stack[depth++] = (struct remove_frame){xstrdup(name), base.st_dev, base.st_ino};
+    stack[depth++] = (struct remove_frame){.name = xstrdup(name), .parent_dev = base.st_dev,
+                                           .parent_ino = base.st_ino};
 
     while (depth > 0) {
-        char *sub = scan_dir(cur, root_dev, failed, nfailed, &errors);
-        if (sub) {
+        struct remove_frame *f = &stack[depth - 1];
+        if (f->batch_pos >= f->batch_len)
+            remove_pass(cur, f, &w);
+        if (f->batch_pos < f->batch_len) {
+            char *sub = xstrdup(f->batch + f->batch_pos);
+            f->batch_pos += strlen(sub) + 1;
+            if (f->batch_pos >= f->batch_len) {
+                /* the last of the batch: its room is not held during the descent */
+                free(f->batch);
+                f->batch = NULL;
+                f->batch_len = f->batch_pos = 0;
+            }
             struct stat here;
-            int child = -1;
-            if (fstat(cur, &here) == 0)
-                child = openat(cur, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            int child = fstat(cur, &here) == 0 ? remove_descend(cur, sub, &w) : -1;
             if (child < 0) {
-                /* Raced into a non-directory, or unreadable: try it as a file. */
-                if (unlinkat(cur, sub, 0) < 0 && errno != ENOENT) {
-                    struct stat st;
-                    errors++;
-                    if (fstatat(cur, sub, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-                        failed = xgrow(failed, &failcap, nfailed, sizeof *failed, 8);
-                        failed[nfailed++] = (struct dir_id){st.st_dev, st.st_ino};
-                    }
-                }
                 free(sub);
                 continue;
             }
             stack = xgrow(stack, &cap, depth, sizeof *stack, 16);
-            stack[depth++] = (struct remove_frame){sub, here.st_dev, here.st_ino};
+            stack[depth++] = (struct remove_frame){.name = sub, .parent_dev = here.st_dev,
+                                                   .parent_ino = here.st_ino};
             close(cur);
             cur = child;
             continue;
         }
         /* `cur` holds nothing more we can remove: climb and remove it. */
-        struct remove_frame f = stack[--depth];
+        struct remove_frame done = stack[--depth];
+        free(done.batch);
         struct stat self;
         fstat(cur, &self);
         int parent;
@@ -433,8 +511,8 @@ int root_remove_tree_at(int dirfd, const char *name)
         } else {
             parent = openat(cur, "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
             struct stat pst;
-            if (parent >= 0 && (fstat(parent, &pst) < 0 || pst.st_dev != f.parent_dev ||
-                                pst.st_ino != f.parent_ino)) {
+            if (parent >= 0 && (fstat(parent, &pst) < 0 || pst.st_dev != done.parent_dev ||
+                                pst.st_ino != done.parent_ino)) {
                 close(parent);
                 parent = -1;
                 errno = EXDEV;
@@ -443,24 +521,23 @@ int root_remove_tree_at(int dirfd, const char *name)
         close(cur);
         cur = -1;
         if (parent < 0) {
-            errors++;
-            free(f.name);
+            w.errors++;
+            free(done.name);
             break;
         }
-        if (unlinkat(parent, f.name, AT_REMOVEDIR) < 0 && errno != ENOENT) {
-            errors++;
-            failed = xgrow(failed, &failcap, nfailed, sizeof *failed, 8);
-            failed[nfailed++] = (struct dir_id){self.st_dev, self.st_ino};
-        }
-        free(f.name);
+        if (unlinkat(parent, done.name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+            note_failed(&w, self.st_dev, self.st_ino);
+        free(done.name);
         cur = parent;
     }
     close_quietly(&cur);
-    while (depth > 0)
+    while (depth > 0) {
         free(stack[--depth].name);
+        free(stack[depth].batch);
+    }
     free(stack);
-    free(failed);
-    if (errors) {
+    free(w.failed);
+    if (w.errors) {
         errno = ENOTEMPTY;
         return -1;
     }

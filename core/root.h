@@ -53,4 +53,12 @@ int root_remove(const char *state_dir, const char *id);
 /* The walk behind root_remove: remove `name` below `dirfd`, whatever it is. */
 int root_remove_tree_at(int dirfd, const char *name);
 
+/* What a removal cost, in the units that decide its time: passes over directories (a
+ * pass costs the directory's whole size on disk, removed entries included: ext4 keeps
+ * them as holes), the most passes over any one directory, and entries read. */
+struct root_remove_stats {
+    uint64_t passes, max_dir_passes, entries_read;
+};
+int root_remove_tree_counted(int dirfd, const char *name, struct root_remove_stats *stats);
+
 #endif
