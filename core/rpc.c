@@ -275,8 +275,8 @@ static void on_stall(struct ev_loop *loop, ev_timer *w, int revents)
 
 /* Dispatch the complete messages in the input buffer: at most RPC_DISPATCH_MAX of them,
  * or RPC_DISPATCH_SLICE_MS of work, per turn; the rest waits for the next turn (the
- * backlog timer), so that a pipelined flood on one connection is served a slice at a
- * time between everyone else's events. */
+ * backlog timer, at the lowest priority), so that a pipelined flood on one connection is
+ * served a slice at a time after everyone else's events. */
 static void dispatch(struct rpc_conn *c)
 {
     size_t start = 0;
@@ -456,6 +456,10 @@ struct rpc_conn *rpc_conn_new(struct ev_loop *loop, int rfd, int wfd, size_t max
     ev_io_init(&c->ww, on_writable, wfd, EV_WRITE);
     ev_timer_init(&c->linger, on_linger, 0, 0);
     ev_timer_init(&c->backlog, on_backlog, 0, 0);
+    /* A backlog turn comes after every other event of its loop turn: a connection that
+     * pipelines expensive requests (hooks that run to their budget) never takes the
+     * turn after its last one while another connection's event is waiting. */
+    ev_set_priority(&c->backlog, EV_MINPRI);
     ev_timer_init(&c->stall, on_stall, 0, 0);
     c->rw.data = c->ww.data = c->linger.data = c->backlog.data = c->stall.data = c;
     ev_io_start(loop, &c->rw);

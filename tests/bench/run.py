@@ -25,7 +25,9 @@ Sections:
   7. noisy neighbour (tests/bench/noisy.py): session B's `true` p50/p99 while session A
      runs each attack (redaction-heavy output, a 100,000-entry tree at close, a streamed
      flood whose client stalls, a fork bomb, pipelined `stats`, a looping hook), as a
-     ratio to B alone on the same server
+     ratio to B alone on the same server; and root removal's own time (remove_bench.c,
+     the walk a close runs in a remover thread) for 10,000 one-file dirs, 20,000 empty
+     dirs, a 100,000-entry tree and a 2,000-deep chain, with its passes over directories
 
 When root, what is missing is installed (bubblewrap firejail hyperfine socat ripgrep;
 npm's @anthropic-ai/sandbox-runtime): always in full mode, in --quick mode only with
@@ -921,7 +923,45 @@ def section_noisy(ctx, bench):
                           note=f"worst {max(xs):.0f} ms, n={len(xs)}"))
     finally:
         srv.stop()
+    section_removal(ctx, bench, sec)
 
+
+# Root removal's own time, on the state directory's file system (what a close costs a
+# remover thread): shape, count (full), count (--quick), label.
+REMOVAL_SHAPES = [("onefile", 10_000, 2_000, "dirs of one file"),
+                  ("empty", 20_000, 4_000, "empty dirs"),
+                  ("tree", 100_000, 20_000, "entry tree (1,000 files a dir)"),
+                  ("deep", 2_000, 500, "deep chain")]
+
+
+def section_removal(ctx, bench, sec):
+    cc = os.environ.get("CC", "cc")
+    exe = os.path.join(BUILD, "remove_bench")
+    srcs = [os.path.join(HERE, "remove_bench.c"), os.path.join(REPO, "core", "root.c"),
+            os.path.join(REPO, "core", "util.c")]
+    os.makedirs(BUILD, exist_ok=True)
+    r = subprocess.run([cc, "-std=c11", "-O2", "-D_GNU_SOURCE", "-I" + os.path.join(REPO, "core"),
+                        "-o", exe] + srcs, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        bench.fail("root removal", r.stderr)
+        return
+    work = tempfile.mkdtemp(prefix="remove.", dir=ctx.state)
+    try:
+        for shape, full, quick, label in REMOVAL_SHAPES:
+            n = quick if ctx.args.quick else full
+            log(f"root removal: {n:,} {label}")
+            r = subprocess.run([exe, work, shape, str(n)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, timeout=600)
+            if r.returncode != 0:
+                bench.fail(f"root removal {shape}", r.stderr)
+                continue
+            got = dict(kv.split("=", 1) for kv in r.stdout.split())
+            bench.add(Row(sec, f"root removal: {n:,} {label}", "ms", [float(got["ms"])],
+                          key=f"remove:{shape}",
+                          note=f"{int(got['passes']):,} passes, at most "
+                               f"{got['max_dir_passes']} over one dir"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main():

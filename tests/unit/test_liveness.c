@@ -97,6 +97,65 @@ static void test_dispatch_bound(void)
     ev_loop_destroy(loop);
 }
 
+/* ---- a flood of slow requests yields to everyone else's events ---- */
+
+static struct rpc_conn *slow_conn;
+static unsigned slow_seen, slow_seen_when_other_came;
+static bool other_seen;
+
+static void slow_message(struct rpc_conn *c, const msgpack_object *msg)
+{
+    (void)msg;
+    if (c != slow_conn) {
+        other_seen = true;
+        slow_seen_when_other_came = slow_seen;
+        return;
+    }
+    slow_seen++;
+    /* a hook that runs to its budget: longer than a turn's dispatch slice */
+    int64_t until = now_ms() + 2 * RPC_DISPATCH_SLICE_MS;
+    while (now_ms() < until)
+        ;
+}
+
+static const struct rpc_handlers slow = {slow_message, ignore_close, NULL};
+
+/* Connection A pipelines requests that each take longer than a turn's slice; B's request
+ * arrives meanwhile. Whenever B's is waiting, it goes before A's next one: A's backlog
+ * runs after every other event of the same turn, so B waits behind at most the request
+ * of A's that was running when it came, never behind one more. */
+static void test_backlog_yields(void)
+{
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    int a[2], b[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a) == 0);
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, b) == 0);
+    static const unsigned char req[] = {0x94, 0x00, 0x01, 0xa5, 's', 't', 'a', 't', 's', 0x80};
+    struct buf flood = {0};
+    for (int i = 0; i < 10; i++)
+        buf_append(&flood, req, sizeof req);
+    CHECK(write(a[0], flood.data, flood.len) == (ssize_t)flood.len);
+    buf_free(&flood);
+    slow_conn = rpc_conn_new(loop, a[1], a[1], RPC_MAX_MESSAGE_DEFAULT, &slow, NULL);
+    struct rpc_conn *other = rpc_conn_new(loop, b[1], b[1], RPC_MAX_MESSAGE_DEFAULT, &slow, NULL);
+    ev_run(loop, EVRUN_ONCE);
+    CHECK(slow_seen == 1);          /* one slow request per turn */
+    /* B's request comes while A's backlog is due */
+    CHECK(write(b[0], req, sizeof req) == (ssize_t)sizeof req);
+    for (int turn = 0; turn < 100 && !other_seen; turn++)
+        ev_run(loop, EVRUN_NOWAIT);
+    CHECK(other_seen);
+    CHECK(slow_seen_when_other_came == 1);
+    for (int turn = 0; turn < 100 && slow_seen < 10; turn++)
+        ev_run(loop, EVRUN_NOWAIT);
+    CHECK(slow_seen == 10);         /* and A is served to the end */
+    rpc_conn_close(slow_conn, "done", 0);
+    rpc_conn_close(other, "done", 0);
+    close(a[0]);
+    close(b[0]);
+    ev_loop_destroy(loop);
+}
+
 /* ---- root removal off the loop ---- */
 
 struct removal {
@@ -174,6 +233,7 @@ int main(void)
 {
     test_zombie_grace();
     test_dispatch_bound();
+    test_backlog_yields();
     test_remover();
     return check_report("test_liveness");
 }
