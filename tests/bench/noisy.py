@@ -150,6 +150,7 @@ class Prober:
         self.session = self.client.open_session()
         self.tool = tool
         self.lat = []
+        self.spans = []             # (start, end) of each call, for net_latencies
         self.bad = []
         self._stop = threading.Event()
         self._t = None
@@ -169,7 +170,9 @@ class Prober:
                 ok, cls = r.ok, r.class_
             except Exception as e:      # a timeout of the client: the worst case
                 ok, cls = False, f"{type(e).__name__}: {e}"
-            self.lat.append(time.monotonic() - t0)
+            t1 = time.monotonic()
+            self.lat.append(t1 - t0)
+            self.spans.append((t0, t1))
             if not ok:
                 self.bad.append(cls)
 
@@ -185,6 +188,46 @@ class Prober:
         except Exception:
             pass
         self.client.close()
+
+
+class HostWatch:
+    """The host's own stalls, seen from this process: a thread that sleeps 5 ms at a time
+    and keeps every oversleep past 20 ms as (start, end). A loaded machine (the VM paused,
+    CPUs or the disk saturated by other work) stalls this thread and B alike; a stalled
+    server does not stall this thread."""
+
+    NAP, SLACK = 0.005, 0.020
+
+    def __init__(self):
+        self.stalls = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def start(self):
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            t = time.monotonic()
+            time.sleep(self.NAP)
+            late = time.monotonic() - t - self.NAP
+            if late > self.SLACK:
+                self.stalls.append((t + self.NAP, t + self.NAP + late))
+
+    def stop(self):
+        self._stop.set()
+        self._t.join(5)
+        return list(self.stalls)
+
+
+def net_latencies(spans, stalls):
+    """Each call's latency less the host stalls inside it: what the server made B wait."""
+    out = []
+    for t0, t1 in spans:
+        host = sum(max(0.0, min(t1, e) - max(t0, s)) for s, e in stalls)
+        out.append(max(0.0, (t1 - t0) - host))
+    return out
 
 
 def quantile(xs, q):
@@ -369,10 +412,12 @@ ATTACKS = {a.name: a for a in (RedactionHeavy, TreeAtClose, StreamFloodStalled, 
 
 def measure(server, attack_cls, **kw):
     """Run one attack while B probes; returns (B's latencies in seconds, B's failures,
-    the attack's facts)."""
+    the attack's facts). The facts also hold the host's stalls meanwhile (HostWatch) and
+    B's latencies net of them (b_net)."""
     attack = attack_cls(server, **kw)
     attack.prepare()
     b = Prober(server)
+    host = HostWatch().start()
     try:
         b.start()
         time.sleep(0.3)             # B is in its loop before the strike
@@ -380,8 +425,12 @@ def measure(server, attack_cls, **kw):
         time.sleep(0.3)
     finally:
         lat = b.stop()
+        stalls = host.stop()
         b.close()
         attack.cleanup()
+    facts = dict(facts or {})
+    facts["host_stalls"] = stalls
+    facts["b_net"] = net_latencies(b.spans, stalls)
     return lat, b.bad, facts
 
 

@@ -81,11 +81,18 @@ def test_noisy_neighbour(serve, attack):
     """While session A runs the attack, session B's `true` stays under the bound."""
     srv = serve()
     lat, bad, facts = measure(srv, ATTACKS[attack])
-    print(f"{attack}: B n={len(lat)} worst={worst(lat) * 1000:.0f} ms facts={facts}")
+    net, stalls = facts.pop("b_net"), facts.pop("host_stalls")
+    host = f"host stalls {len(stalls)}, longest {max([e - s for s, e in stalls] or [0]):.2f}s"
+    print(f"{attack}: B n={len(lat)} worst={worst(lat) * 1000:.0f} ms, "
+          f"net of the host's stalls {worst(net) * 1000:.0f} ms; {host}; facts={facts}")
     assert len(lat) >= 3, f"B hardly ran during the attack: {lat}"
     assert not bad, f"B's calls failed during {attack}: {bad[:5]}"
-    assert worst(lat) < B_BOUND, \
-        f"{attack}: B waited {worst(lat):.2f}s (bound {B_BOUND}s); {facts}"
+    # What the server made B wait: a machine that stalls every process (a loaded shared
+    # VM) stalls B too, and that part is not the server's. A server that stalls does
+    # not stall the watch thread, so its stall stays in B's net latency.
+    assert worst(net) < B_BOUND, \
+        f"{attack}: B waited {worst(net):.2f}s net (raw {worst(lat):.2f}s, {host}; " \
+        f"bound {B_BOUND}s); {facts}"
     if attack == "tree_at_close":
         assert facts["close"]["removed"] is True and facts["root_gone_at_answer"], facts
     if attack == "stats_flood":
@@ -103,9 +110,10 @@ def test_close_of_a_huge_root_answers_when_it_is_gone(serve, state_dir):
     latency, and the close answer comes once the root is really gone."""
     srv = serve()
     lat, bad, facts = measure(srv, noisy.TreeAtClose, entries=30_000, dirs_only=True)
-    print(f"B n={len(lat)} worst={worst(lat) * 1000:.0f} ms")
+    net = facts.pop("b_net")
+    print(f"B n={len(lat)} worst={worst(lat) * 1000:.0f} ms, net {worst(net) * 1000:.0f} ms")
     assert facts["close"]["removed"] is True and facts["root_gone_at_answer"], facts
-    assert not bad and worst(lat) < B_BOUND, (worst(lat), bad[:5])
+    assert not bad and worst(net) < B_BOUND, (worst(net), worst(lat), bad[:5])
     assert len(lat) >= 3
     until(lambda: not os.listdir(os.path.join(state_dir, "sessions")), 10, "no root left")
 
