@@ -66,6 +66,14 @@ void acct_sample_take(struct acct_sample *s)
     s->rss_kb = resident * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
+bool acct_resample_due(bool changed, int64_t age_ms, int64_t last_cost_ms)
+{
+    /* a walk of a few ms is not worth staleness: those are answered as before */
+    if (last_cost_ms >= ACCT_RESAMPLE_COSTLY_MS && age_ms < ACCT_RESAMPLE_SPACING * last_cost_ms)
+        return false;
+    return changed || age_ms >= ACCT_RESAMPLE_MS;
+}
+
 unsigned zombie_watch_update(struct zombie_watch *w, const struct acct_sample *s,
                              unsigned samples)
 {

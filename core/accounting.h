@@ -97,4 +97,15 @@ struct zombie_watch {
 unsigned zombie_watch_update(struct zombie_watch *w, const struct acct_sample *s,
                              unsigned samples);
 
+/* Whether `stats` takes a fresh sample rather than the last one: when something changed
+ * (calls or sessions came or went) or the last is ACCT_RESAMPLE_MS old, but, once a walk
+ * costs ACCT_RESAMPLE_COSTLY_MS or more, never sooner than ACCT_RESAMPLE_SPACING times
+ * what the last one cost. A walk grows with the calls' process trees (~40 us a process),
+ * so pipelined `stats` during a fork bomb would otherwise keep the loop walking /proc;
+ * this keeps it under a tenth of the time. */
+#define ACCT_RESAMPLE_MS 20
+#define ACCT_RESAMPLE_COSTLY_MS 5
+#define ACCT_RESAMPLE_SPACING 10
+bool acct_resample_due(bool changed, int64_t age_ms, int64_t last_cost_ms);
+
 #endif

@@ -138,6 +138,7 @@ struct server {
     struct acct_sample last;        /* the accountant's last walk of /proc */
     unsigned last_standby, last_standby_fds;    /* held on purpose, at that walk */
     int64_t last_ms;
+    int64_t last_cost_ms;           /* what that walk took */
     bool last_stale;                /* calls or sessions came or went since */
     struct zombie_watch zombies;
     int fd_baseline;
@@ -1498,19 +1499,20 @@ static unsigned standby_count(struct server *srv, int wait_ms, unsigned *fds)
 
 /* One walk of /proc (our descriptors, our process tree, our memory) and what is held on
  * purpose at that moment. Its cost grows with what the calls run (a fork bomb's tree),
- * so it is taken by the sampler, and by `stats` only when calls or sessions came or went
- * since the last walk, or that is older than STATS_RESAMPLE_MS: however many `stats` a
- * client pipelines, /proc is walked once per change or that often. */
-#define STATS_RESAMPLE_MS 20
+ * so it is taken by the sampler, and by `stats` only as acct_resample_due says (on a
+ * change or every ACCT_RESAMPLE_MS, never sooner than ten times the last walk's cost):
+ * however many `stats` a client pipelines, /proc is walked that often at most. */
 #define ZOMBIE_GRACE_SAMPLES 3          /* the sampler runs every second */
 
 static void sample_take(struct server *srv)
 {
+    int64_t started = now_ms();
     standby_count(srv, 0, NULL);        /* take the spares that arrived, then count */
     acct_sample_take(&srv->last);
     srv->last_standby_fds = 0;
     srv->last_standby = standby_count(srv, -1, &srv->last_standby_fds);
     srv->last_ms = now_ms();
+    srv->last_cost_ms = srv->last_ms - started;
     srv->last_stale = false;
 }
 
@@ -1521,7 +1523,7 @@ static void m_stats(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
     params_begin(&p, conn, msgid, params);
     if (!params_end(&p))
         return;
-    if (srv->last_stale || now_ms() - srv->last_ms >= STATS_RESAMPLE_MS)
+    if (acct_resample_due(srv->last_stale, now_ms() - srv->last_ms, srv->last_cost_ms))
         sample_take(srv);
     const struct acct_sample *now = &srv->last;
     msgpack_packer *pk = result_begin(conn, msgid, 19);

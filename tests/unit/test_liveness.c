@@ -97,6 +97,26 @@ static void test_dispatch_bound(void)
     ev_loop_destroy(loop);
 }
 
+/* ---- `stats` re-walks /proc at most a tenth of the time ---- */
+
+/* A walk costs ~40 us per process of our tree (a fork bomb's 1,000 processes: ~80 ms).
+ * Resampling whenever calls came or went or every 20 ms let a `stats` flood during a fork
+ * bomb spend the loop walking /proc; the walk's own cost now spaces the walks. */
+static void test_resample_spacing(void)
+{
+    /* cheap walks: as before, on a change or every 20 ms */
+    CHECK(acct_resample_due(true, 0, 0));
+    CHECK(acct_resample_due(true, 1, 4));
+    CHECK(!acct_resample_due(false, 10, 4));
+    CHECK(acct_resample_due(false, 20, 4));
+    CHECK(!acct_resample_due(true, 40, 5));     /* a 5 ms walk: 50 ms apart */
+    /* an 80 ms walk: not again before 800 ms, changed or not */
+    CHECK(!acct_resample_due(true, 25, 80));
+    CHECK(!acct_resample_due(false, 500, 80));
+    CHECK(acct_resample_due(true, 800, 80));
+    CHECK(acct_resample_due(false, 800, 80));
+}
+
 /* ---- a flood of slow requests yields to everyone else's events ---- */
 
 static struct rpc_conn *slow_conn;
@@ -232,6 +252,7 @@ static void test_remover(void)
 int main(void)
 {
     test_zombie_grace();
+    test_resample_spacing();
     test_dispatch_bound();
     test_backlog_yields();
     test_remover();
