@@ -930,7 +930,7 @@ def section_noisy(ctx, bench):
 # remover thread): shape, count (full), count (--quick), label.
 REMOVAL_SHAPES = [("onefile", 10_000, 2_000, "dirs of one file"),
                   ("empty", 20_000, 4_000, "empty dirs"),
-                  ("tree", 100_000, 20_000, "entry tree (1,000 files a dir)"),
+                  ("tree", 100_000, 20_000, "entries, 1,000 files a dir"),
                   ("deep", 2_000, 500, "deep chain")]
 
 
