@@ -57,78 +57,52 @@ static void check_linear(const char *what, const struct root_remove_stats *s, ui
     CHECK(ok);
 }
 
-/* 10,000 directories of one file each: the shape that made the old walk quadratic. */
-static void test_one_file_dirs(void)
+/* A directory `top` of `count` subdirectories (names padded to `pad` characters), each
+ * with one file or empty; removed, gone, and in at most `max_passes` over one directory. */
+static void flat_case(const char *what, const char *top_name, int count, size_t pad,
+                      bool with_file, uint64_t max_passes)
 {
-    int top = mkdir_open(base_fd, "one-file");
+    int top = mkdir_open(base_fd, top_name);
     CHECK(top >= 0);
+    char name[256];
+    memset(name, 'n', pad);
     int made = 0;
-    for (int i = 0; i < 10000 && top >= 0; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "d%d", i);
+    for (int i = 0; i < count && top >= 0; i++) {
+        snprintf(name + pad, sizeof name - pad, "%d", i);
         int d = mkdir_open(top, name);
         if (d < 0)
             break;
-        touch_at(d, "f");
+        if (with_file)
+            touch_at(d, "f");
         close(d);
         made++;
     }
     if (top >= 0)
         close(top);
-    CHECK(made == 10000);
+    CHECK(made == count);
     struct root_remove_stats s;
-    CHECK(root_remove_tree_counted(base_fd, "one-file", &s) == 0);
-    CHECK(gone("one-file"));
-    check_linear("10,000 one-file dirs", &s, 2 * 10000, 2);
+    CHECK(root_remove_tree_counted(base_fd, top_name, &s) == 0);
+    CHECK(gone(top_name));
+    check_linear(what, &s, (uint64_t)count * (with_file ? 2 : 1), max_passes);
 }
 
-/* 20,000 empty directories. */
+/* 10,000 directories of one file each: the shape that made the old walk quadratic. */
+static void test_one_file_dirs(void)
+{
+    flat_case("10,000 one-file dirs", "one-file", 10000, 1, true, 2);
+}
+
+/* 20,000 empty directories: each goes in the pass that finds it. */
 static void test_empty_dirs(void)
 {
-    int top = mkdir_open(base_fd, "empty");
-    CHECK(top >= 0);
-    int made = 0;
-    for (int i = 0; i < 20000 && top >= 0; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "e%d", i);
-        if (mkdirat(top, name, 0700) < 0)
-            break;
-        made++;
-    }
-    if (top >= 0)
-        close(top);
-    CHECK(made == 20000);
-    struct root_remove_stats s;
-    CHECK(root_remove_tree_counted(base_fd, "empty", &s) == 0);
-    CHECK(gone("empty"));
-    check_linear("20,000 empty dirs", &s, 20000, 2);
+    flat_case("20,000 empty dirs", "empty", 20000, 1, false, 1);
 }
 
 /* More subdirectories than one pass keeps names for (long names: over a MiB of them):
  * the walk takes them a batch at a time and still removes everything. */
 static void test_more_than_a_batch(void)
 {
-    int top = mkdir_open(base_fd, "batches");
-    CHECK(top >= 0);
-    char name[256];
-    memset(name, 'n', 240);
-    int made = 0;
-    for (int i = 0; i < 6000 && top >= 0; i++) {
-        snprintf(name + 240, sizeof name - 240, "%d", i);
-        int d = mkdir_open(top, name);
-        if (d < 0)
-            break;
-        touch_at(d, "f");
-        close(d);
-        made++;
-    }
-    if (top >= 0)
-        close(top);
-    CHECK(made == 6000);
-    struct root_remove_stats s;
-    CHECK(root_remove_tree_counted(base_fd, "batches", &s) == 0);
-    CHECK(gone("batches"));
-    check_linear("6,000 long-named dirs", &s, 2 * 6000, 3);
+    flat_case("6,000 long-named dirs", "batches", 6000, 240, true, 3);
 }
 
 /* 10,000 levels deep, a file every 100 levels and a wide directory near the bottom, with
