@@ -41,9 +41,10 @@ def run_soak(stockade, args, timeout, workdir_base=None):
     # default glibc raises its mmap threshold to the largest block freed (up to 32 MiB):
     # after the first floods, 1 MiB output buffers come from the heap and what is freed
     # stays resident, so RSS climbs by however many of them happened to be live at once
-    # (a 10 s soak under load climbed 2-3 MiB after its warm-up and then stayed flat for
-    # 30 s: no leak). A fixed threshold gives big blocks back when freed: a leak, of big
-    # blocks or small, still grows RSS past the high-water and fails the check.
+    # (a 40 s soak climbed from 16.8 to 18.1 MiB between its 2nd and 10th second, then
+    # stayed flat for 30 s: no leak; a 10 s soak, slowed by load, ends inside that climb).
+    # A fixed threshold gives big blocks back when freed: a leak, of big blocks or small,
+    # still grows RSS past the high-water and fails the check.
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
     cmd = [sys.executable, "-m", "stockade_soak", "--stockade", stockade,
            "--progress", "plain"] + list(args)
