@@ -6,7 +6,9 @@ Shared by tests/security/test_liveness.py (B's worst latency under a bound, per 
 and tests/bench/run.py (B's p50/p99 as a ratio to B alone). Every wait is bounded;
 only processes this module starts are signalled, by pid or by their own process group.
 """
+import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -221,6 +223,64 @@ class HostWatch:
         return list(self.stalls)
 
 
+class _Endpoint:
+    """What a Prober needs of a Server, in a process that does not own the server."""
+
+    def __init__(self, sock_path):
+        self.sock_path = sock_path
+
+    def client(self, rpc_timeout=RPC_TIMEOUT):
+        return Client.connect_unix(self.sock_path, rpc_timeout=rpc_timeout)
+
+
+def _probe_cli(sock_path, tool):
+    """Session B's process (`noisy.py --probe SOCK TOOL`): the Prober and a HostWatch
+    from "ready" on stdout until a line (or EOF) on stdin, then everything as JSON."""
+    b = Prober(_Endpoint(sock_path), tool)
+    host = HostWatch().start()
+    b.start()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    lat = b.stop()
+    stalls = host.stop()
+    b.close()
+    json.dump({"lat": lat, "spans": b.spans, "bad": b.bad, "stalls": stalls}, sys.stdout)
+
+
+class ProbeProcess:
+    """Session B in a process of its own: the attack's own Python work (packing and
+    unpacking 20,000 `stats`) would otherwise hold B's thread off the interpreter lock,
+    and be counted as the server's. Its HostWatch sees what B's process saw."""
+
+    def __init__(self, server, tool="true"):
+        self._proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--probe", server.sock_path, tool],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([self._proc.stdout], [], [], 2 * START_TIMEOUT)
+        line = self._proc.stdout.readline() if ready else ""
+        if line.strip() != "ready":
+            self._end()
+            raise RuntimeError(f"session B's process did not start: {line!r} "
+                               f"{self._proc.stderr.read()[-2000:]}")
+
+    def _end(self):
+        if self._proc.poll() is None:
+            self._proc.kill()           # our own child, by pid
+        self._proc.wait(10)
+
+    def stop(self):
+        """(latencies, spans, failures, host stalls) of B's calls."""
+        try:
+            out, err = self._proc.communicate("stop\n", timeout=RPC_TIMEOUT + 30)
+        except subprocess.TimeoutExpired:
+            self._end()
+            raise RuntimeError("session B's process did not report") from None
+        if self._proc.returncode != 0:
+            raise RuntimeError(f"session B's process failed: {err[-2000:]}")
+        r = json.loads(out)
+        return r["lat"], [tuple(x) for x in r["spans"]], r["bad"], [tuple(x) for x in r["stalls"]]
+
+
 def net_latencies(spans, stalls):
     """Each call's latency less the host stalls inside it: what the server made B wait."""
     out = []
@@ -411,34 +471,37 @@ ATTACKS = {a.name: a for a in (RedactionHeavy, TreeAtClose, StreamFloodStalled, 
 
 
 def measure(server, attack_cls, **kw):
-    """Run one attack while B probes; returns (B's latencies in seconds, B's failures,
-    the attack's facts). The facts also hold the host's stalls meanwhile (HostWatch) and
-    B's latencies net of them (b_net)."""
+    """Run one attack while B probes from a process of its own; returns (B's latencies
+    in seconds, B's failures, the attack's facts). The facts also hold the host's stalls
+    B's process saw meanwhile (HostWatch) and B's latencies net of them (b_net)."""
     attack = attack_cls(server, **kw)
     attack.prepare()
-    b = Prober(server)
-    host = HostWatch().start()
     try:
-        b.start()
+        b = ProbeProcess(server)
+    except Exception:
+        attack.cleanup()
+        raise
+    try:
         time.sleep(0.3)             # B is in its loop before the strike
         facts = attack.strike()
         time.sleep(0.3)
     finally:
-        lat = b.stop()
-        stalls = host.stop()
-        b.close()
-        attack.cleanup()
+        try:
+            lat, spans, bad, stalls = b.stop()
+        finally:
+            attack.cleanup()
     facts = dict(facts or {})
     facts["host_stalls"] = stalls
-    facts["b_net"] = net_latencies(b.spans, stalls)
-    return lat, b.bad, facts
+    facts["b_net"] = net_latencies(spans, stalls)
+    return lat, bad, facts
 
 
 def alone(server, seconds=3.0):
-    """B's latencies with nothing else going on."""
-    b = Prober(server)
-    b.start()
+    """B's latencies with nothing else going on (B in its own process, as in measure)."""
+    b = ProbeProcess(server)
     time.sleep(seconds)
-    lat = b.stop()
-    b.close()
-    return lat
+    return b.stop()[0]
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--probe"]:
+    _probe_cli(sys.argv[2], sys.argv[3])
