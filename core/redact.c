@@ -1,11 +1,19 @@
 #include "redact.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <hs.h>
+#include <inttypes.h>
+#include <limits.h>
 #include <pcre2.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* ---- the regex stage: compiled rules ------------------------------------------------ */
 
@@ -29,8 +37,10 @@ struct redact_rules {
     size_t hold_max;
     size_t open_width;          /* the widest opener */
     hs_database_t *db;          /* every rule's opener, id = rule index */
+    bool cached;                /* db was loaded from the cache */
     hs_scratch_t *scratch;      /* the loop is one thread: one scratch per database */
     pcre2_code *open_any;       /* the openers as one PCRE2 alternation (quiet tails) */
+    bool *jitted;               /* rule i's re JIT-compiled ([n]: open_any's), on first use */
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit_stack;
@@ -50,9 +60,17 @@ static pcre2_code *compile_pcre(const char *re, uint32_t options, char **why)
         *why = xasprintf("at offset %zu: %s", (size_t)at, (char *)msg);
         return NULL;
     }
-    /* no JIT (an exotic platform) is only slower */
-    (void)pcre2_jit_compile(c, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
     return c;
+}
+
+/* JIT-compiled when first used, not when the policy loads: most rules of a set never
+ * fire in a call, and compiling them all is most of a policy's load once the openers'
+ * database comes from the cache. No JIT (an exotic platform) is only slower. */
+static void jit_once(pcre2_code *c, bool *done)
+{
+    if (!*done)
+        (void)pcre2_jit_compile(c, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
+    *done = true;
 }
 
 void redact_rules_unref(struct redact_rules *r)
@@ -65,6 +83,7 @@ void redact_rules_unref(struct redact_rules *r)
         pcre2_code_free(r->rule[i].re);
     }
     free(r->rule);
+    free(r->jitted);
     hs_free_scratch(r->scratch);
     hs_free_database(r->db);
     pcre2_code_free(r->open_any);
@@ -72,6 +91,11 @@ void redact_rules_unref(struct redact_rules *r)
     pcre2_match_context_free(r->mctx);
     pcre2_jit_stack_free(r->jit_stack);
     free(r);
+}
+
+bool redact_rules_cached(const struct redact_rules *r)
+{
+    return r && r->cached;
 }
 
 size_t redact_rules_count(const struct redact_rules *r)
@@ -86,6 +110,296 @@ struct redact_rules *redact_rules_ref(struct redact_rules *r)
     return r;
 }
 
+/* ---- the compiled database, cached ------------------------------------------------------
+ *
+ * hs_compile_multi dominates a policy's load (most of `stockade run true`), so the
+ * serialized database is kept in a file named by a hash of what it was compiled from
+ * (every opener, flag and id, the mode, the library's version and the platform). Loading
+ * it is deserializing bytes into code the matcher trusts: a file anyone else could have
+ * written is memory corruption waiting to happen. So a file is loaded only from a
+ * directory that the effective uid owns and nobody else may write, itself owned by the
+ * effective uid and writable by nobody else, opened without following a symlink, checked
+ * on the open fds; its contents must repeat the whole key and carry a checksum. Anything
+ * else, or any error, and the database is compiled as if there were no cache. */
+
+#define CACHE_MAGIC "stockade-hsdb 1\n"
+#define CACHE_FILE_MAX (64u << 20)
+#define CACHE_FILES_MAX 32          /* rule sets kept; the oldest goes first */
+
+char *redact_cache_dir(void)
+{
+    const char *env = getenv("STOCKADE_CACHE_DIR");
+    if (env && *env)
+        return strcmp(env, "off") == 0 ? NULL : xstrdup(env);
+    if (geteuid() == 0)
+        return xstrdup("/var/cache/stockade");
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    if (xdg && xdg[0] == '/')
+        return xasprintf("%s/stockade", xdg);
+    const char *home = getenv("HOME");
+    if (home && home[0] == '/')
+        return xasprintf("%s/.cache/stockade", home);
+    return NULL;
+}
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+#define FNV_SEED 0xcbf29ce484222325ull
+
+static void put_u64(struct buf *b, uint64_t v)
+{
+    buf_append(b, &v, sizeof v);
+}
+
+/* Each opener's width, as hs_expression_info gave it (kept in the cache with the
+ * database: asking Vectorscan costs as much as loading it). */
+struct opener_width {
+    uint32_t min, max;
+};
+
+/* One rule set's place in the cache: the directory (-1: none, or not trusted), the file's
+ * name, and the key, everything the database depends on as bytes, which the file must
+ * begin with exactly. */
+struct db_cache {
+    char *dir;
+    int dirfd;
+    char name[32];
+    struct buf key;
+};
+
+static void cache_open(struct db_cache *c, const char *const *pats, unsigned n)
+{
+    memset(c, 0, sizeof *c);
+    c->dirfd = -1;
+    if (!(c->dir = redact_cache_dir()))
+        return;
+    hs_platform_info_t plat;
+    memset(&plat, 0, sizeof plat);
+    if (hs_populate_platform(&plat) != HS_SUCCESS)
+        memset(&plat, 0xff, sizeof plat);
+    struct buf *key = &c->key;
+    buf_append(key, CACHE_MAGIC, strlen(CACHE_MAGIC));
+    buf_append(key, hs_version(), strlen(hs_version()) + 1);
+    put_u64(key, plat.tune);
+    put_u64(key, plat.cpu_features);
+    put_u64(key, n);
+    for (unsigned i = 0; i < n; i++)
+        buf_append(key, pats[i], strlen(pats[i]) + 1);
+    snprintf(c->name, sizeof c->name, "%016" PRIx64 ".hsdb", fnv1a(FNV_SEED, key->data, key->len));
+}
+
+static void cache_close(struct db_cache *c)
+{
+    close_quietly(&c->dirfd);
+    free(c->dir);
+    buf_free(&c->key);
+}
+
+/* A directory, regular file or fd that only the effective uid can have written. */
+static bool owned_and_private(int fd, mode_t type)
+{
+    struct stat st;
+    return fstat(fd, &st) == 0 && (st.st_mode & S_IFMT) == type && st.st_uid == geteuid() &&
+           (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
+}
+
+/* The cache directory opened (made 0700 with its missing parents when create), or -1
+ * when it is missing or not trusted. */
+static int cache_dir_open(const char *dir, bool create)
+{
+    if (create) {
+        char *path = xstrdup(dir);
+        for (char *p = path + 1; *p; p++) {
+            if (*p != '/')
+                continue;
+            *p = 0;
+            (void)mkdir(path, 0700);
+            *p = '/';
+        }
+        free(path);
+        (void)mkdir(dir, 0700);
+    }
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0 && !owned_and_private(fd, S_IFDIR))
+        close_quietly(&fd);
+    return fd;
+}
+
+/* The database and its openers' widths from the cache, or NULL. The file: the key, the
+ * widths, the database's length, the database, a checksum of all before it. */
+static hs_database_t *cache_load(struct db_cache *c, struct opener_width *widths, unsigned n)
+{
+    if (!c->dir || (c->dirfd = cache_dir_open(c->dir, false)) < 0)
+        return NULL;
+    int fd = openat(c->dirfd, c->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return NULL;
+    hs_database_t *db = NULL;
+    char *data = NULL;
+    size_t head = c->key.len + n * sizeof *widths + 8, len = 0, got = 0;
+    struct stat st;
+    if (!owned_and_private(fd, S_IFREG) || fstat(fd, &st) < 0 ||
+        st.st_size > (off_t)CACHE_FILE_MAX || (size_t)st.st_size < head + 8)
+        goto out;
+    len = (size_t)st.st_size;
+    data = xmalloc(len);
+    while (got < len) {
+        ssize_t k = read(fd, data + got, len - got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            goto out;
+        got += (size_t)k;
+    }
+    uint64_t db_len, sum;
+    memcpy(&db_len, data + head - 8, sizeof db_len);
+    memcpy(&sum, data + len - sizeof sum, sizeof sum);
+    if (memcmp(data, c->key.data, c->key.len) != 0 || db_len != len - head - 8 ||
+        fnv1a(FNV_SEED, data, len - sizeof sum) != sum)
+        goto out;
+    memcpy(widths, data + c->key.len, n * sizeof *widths);
+    if (hs_deserialize_database(data + head, (size_t)db_len, &db) != HS_SUCCESS)
+        db = NULL;
+out:
+    free(data);
+    close(fd);
+    return db;
+}
+
+/* Remove the least recently written cache file when there are more than CACHE_FILES_MAX. */
+static void cache_trim(int dirfd)
+{
+    int fd = dup(dirfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    size_t files = 0;
+    char oldest[NAME_MAX + 1] = "";
+    struct timespec oldest_t = {0};
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        struct stat st;
+        if (l < 6 || strcmp(e->d_name + l - 5, ".hsdb") != 0 || e->d_name[0] == '.' ||
+            fstatat(dirfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            continue;
+        files++;
+        if (!oldest[0] || st.st_mtim.tv_sec < oldest_t.tv_sec ||
+            (st.st_mtim.tv_sec == oldest_t.tv_sec && st.st_mtim.tv_nsec < oldest_t.tv_nsec)) {
+            snprintf(oldest, sizeof oldest, "%s", e->d_name);
+            oldest_t = st.st_mtim;
+        }
+    }
+    closedir(d);
+    if (files > CACHE_FILES_MAX && oldest[0])
+        (void)unlinkat(dirfd, oldest, 0);
+}
+
+/* Written to a temporary file, renamed into place: a reader sees a whole file or none. */
+static void cache_store(struct db_cache *c, const struct opener_width *widths, unsigned n,
+                        const hs_database_t *db)
+{
+    if (!c->dir || (c->dirfd < 0 && (c->dirfd = cache_dir_open(c->dir, true)) < 0))
+        return;
+    char *bytes = NULL;
+    size_t len = 0;
+    if (hs_serialize_database(db, &bytes, &len) != HS_SUCCESS)
+        return;
+    struct buf file = {0};
+    buf_append(&file, c->key.data, c->key.len);
+    buf_append(&file, widths, n * sizeof *widths);
+    put_u64(&file, len);
+    buf_append(&file, bytes, len);
+    put_u64(&file, fnv1a(FNV_SEED, file.data, file.len));
+    free(bytes);
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, ".%ld.tmp", (long)getpid());
+    int dirfd = c->dirfd;
+    int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EEXIST && unlinkat(dirfd, tmp, 0) == 0)
+        fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    bool ok = fd >= 0 && write_all(fd, file.data, file.len) == 0;
+    if (fd >= 0)
+        ok = close(fd) == 0 && ok;
+    if (ok && renameat(dirfd, tmp, dirfd, c->name) == 0)
+        cache_trim(dirfd);
+    else if (fd >= 0)
+        (void)unlinkat(dirfd, tmp, 0);
+    buf_free(&file);
+}
+
+/* The openers' database (r->db) and widths (each rule's open_width, r->open_width), from
+ * the cache or compiled. */
+static bool compile_openers(struct redact_rules *r, const struct redact_rule_spec *specs,
+                            char **err)
+{
+    size_t n = r->n;
+    const char **opens = xcalloc(n, sizeof *opens);
+    unsigned *flags = xcalloc(n, sizeof *flags), *ids = xcalloc(n, sizeof *ids);
+    struct opener_width *widths = xcalloc(n, sizeof *widths);
+    hs_compile_error_t *hs_err = NULL;
+    bool ok = false, som = false;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        opens[i] = specs[i].open;
+        ids[i] = (unsigned)i;
+    }
+    struct db_cache cache;
+    cache_open(&cache, opens, (unsigned)n);
+    if ((r->db = cache_load(&cache, widths, (unsigned)n)))
+        r->cached = true;
+    for (i = 0; !r->cached && i < n; i++) {
+        hs_expr_info_t *info = NULL;
+        if (hs_expression_info(opens[i], HS_FLAG_SOM_LEFTMOST, &info, &hs_err) != HS_SUCCESS)
+            goto bad_open;
+        widths[i] = (struct opener_width){info->min_width, info->max_width};
+        free(info);
+    }
+    for (i = 0; i < n; i++) {
+        if (widths[i].max > OPEN_WIDTH_MAX || widths[i].min == 0) {
+            *err = xasprintf("redactor %s: open must match between 1 and %d bytes",
+                             specs[i].name, OPEN_WIDTH_MAX);
+            goto out;
+        }
+        /* start-of-match costs stream state and time: only openers of varying width
+         * need it, a fixed-width one starts its width before its end */
+        bool fixed = widths[i].min == widths[i].max;
+        r->rule[i].open_width = fixed ? widths[i].max : 0;
+        if (widths[i].max > r->open_width)
+            r->open_width = widths[i].max;
+        flags[i] = fixed ? 0 : HS_FLAG_SOM_LEFTMOST;
+        som = som || !fixed;
+    }
+    if (!r->cached) {
+        unsigned mode = HS_MODE_STREAM | (som ? HS_MODE_SOM_HORIZON_SMALL : 0);
+        if (hs_compile_multi(opens, flags, ids, (unsigned)n, mode, NULL, &r->db, &hs_err) !=
+            HS_SUCCESS) {
+            i = hs_err->expression >= 0 ? (size_t)hs_err->expression : n;
+            goto bad_open;
+        }
+        cache_store(&cache, widths, (unsigned)n, r->db);
+    }
+    ok = true;
+    goto out;
+bad_open:
+    *err = xasprintf("redactor %s: bad open (for Vectorscan): %s", i < n ? specs[i].name : "?",
+                     hs_err ? hs_err->message : "?");
+out:
+    if (hs_err)
+        hs_free_compile_error(hs_err);
+    cache_close(&cache);
+    free(opens), free(flags), free(ids), free(widths);
+    return ok;
+}
+
 struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, size_t n,
                                           size_t hold_max, char **err)
 {
@@ -93,14 +407,10 @@ struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, 
     r->refs = 1;
     r->n = n;
     r->rule = xcalloc(n ? n : 1, sizeof *r->rule);
+    r->jitted = xcalloc(n + 1, sizeof *r->jitted);
     r->hold_max = hold_max ? hold_max : REDACT_HOLD_DEFAULT;
-    const char **opens = xcalloc(n ? n : 1, sizeof *opens);
-    unsigned *flags = xcalloc(n ? n : 1, sizeof *flags);
-    bool som = false;
-    unsigned *ids = xcalloc(n ? n : 1, sizeof *ids);
     struct buf any = {0};
     char *why = NULL;
-    hs_compile_error_t *hs_err = NULL;
     size_t i;
     for (i = 0; i < n; i++) {
         const struct redact_rule_spec *sp = &specs[i];
@@ -108,39 +418,17 @@ struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, 
         rule->name = xstrdup(sp->name);
         rule->replace = xstrdup(sp->replace);
         rule->replace_len = strlen(sp->replace);
-        if (!(rule->re = compile_pcre(sp->regex, PCRE2_ANCHORED, &why)))
-            goto bad_regex;
-        int g = pcre2_substring_number_from_name(rule->re, (PCRE2_SPTR) "secret");
-        rule->secret_group = g > 0 ? g : 0;
-        hs_expr_info_t *info = NULL;
-        if (hs_expression_info(sp->open, HS_FLAG_SOM_LEFTMOST, &info, &hs_err) != HS_SUCCESS)
-            goto bad_open;
-        bool wide = info->max_width > OPEN_WIDTH_MAX || info->min_width == 0;
-        /* start-of-match costs stream state and time: only openers of varying width
-         * need it, a fixed-width one starts its width before its end */
-        bool fixed = info->min_width == info->max_width;
-        rule->open_width = fixed ? info->max_width : 0;
-        if (info->max_width > r->open_width && info->max_width <= OPEN_WIDTH_MAX)
-            r->open_width = info->max_width;
-        free(info);
-        if (wide) {
-            *err = xasprintf("redactor %s: open must match between 1 and %d bytes", sp->name,
-                             OPEN_WIDTH_MAX);
+        if (!(rule->re = compile_pcre(sp->regex, PCRE2_ANCHORED, &why))) {
+            *err = xasprintf("redactor %s: bad regex %s", sp->name, why);
             goto fail;
         }
-        opens[i] = sp->open;
-        flags[i] = fixed ? 0 : HS_FLAG_SOM_LEFTMOST;
-        som = som || !fixed;
-        ids[i] = (unsigned)i;
+        int g = pcre2_substring_number_from_name(rule->re, (PCRE2_SPTR) "secret");
+        rule->secret_group = g > 0 ? g : 0;
         buf_printf(&any, "%s(?:%s)", i ? "|" : "", sp->open);
     }
     if (n) {
-        if (hs_compile_multi(opens, flags, ids, (unsigned)n,
-                             HS_MODE_STREAM | (som ? HS_MODE_SOM_HORIZON_SMALL : 0), NULL, &r->db,
-                             &hs_err) != HS_SUCCESS) {
-            i = hs_err->expression >= 0 ? (size_t)hs_err->expression : 0;
-            goto bad_open;
-        }
+        if (!compile_openers(r, specs, err))
+            goto fail;
         if (hs_alloc_scratch(r->db, &r->scratch) != HS_SUCCESS) {
             *err = xasprintf("redactors: cannot allocate the matcher's scratch space");
             goto fail;
@@ -156,20 +444,12 @@ struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, 
     pcre2_set_match_limit(r->mctx, MATCH_LIMIT);
     r->jit_stack = pcre2_jit_stack_create(32 * 1024, 1024 * 1024, NULL);
     pcre2_jit_stack_assign(r->mctx, NULL, r->jit_stack);
-    free(opens), free(flags), free(ids), buf_free(&any);
+    buf_free(&any);
     return r;
 
-bad_regex:
-    *err = xasprintf("redactor %s: bad regex %s", specs[i].name, why);
-    goto fail;
-bad_open:
-    *err = xasprintf("redactor %s: bad open (for Vectorscan): %s", i < n ? specs[i].name : "?",
-                     hs_err ? hs_err->message : "?");
 fail:
     free(why);
-    if (hs_err)
-        hs_free_compile_error(hs_err);
-    free(opens), free(flags), free(ids), buf_free(&any);
+    buf_free(&any);
     redact_rules_unref(r);
     return NULL;
 }
@@ -253,6 +533,7 @@ static size_t partial_opener(const struct redact_rules *r, const struct redact_r
                              size_t from)
 {
     for (size_t at = from; at < x->text.len;) {
+        jit_once(r->open_any, &r->jitted[r->n]);
         int rc = pcre2_match(r->open_any, (PCRE2_SPTR)x->text.data, x->text.len, at,
                              PCRE2_PARTIAL_HARD, r->md, r->mctx);
         if (rc == PCRE2_ERROR_NOMATCH)
@@ -294,6 +575,7 @@ static void resolve(const struct redact_rules *r, struct redact_regex_stream *x,
         if (mode == REDACT_MORE && x->head_checked &&
             x->text.len < x->head_checked + held / 4 + 4096)
             return;
+        jit_once(rule->re, &r->jitted[x->cand[x->head].rule]);
         int rc = pcre2_match(rule->re, (PCRE2_SPTR)x->text.data, x->text.len, start,
                              mode == REDACT_EOF ? 0 : PCRE2_PARTIAL_HARD,
                              r->md, r->mctx);

@@ -51,6 +51,14 @@ struct redact_rule_spec {
 struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, size_t n,
                                           size_t hold_max, char **err);
 struct redact_rules *redact_rules_ref(struct redact_rules *rules);
+/* Whether the rules' Vectorscan database came from the cache (below) rather than a
+ * compile. */
+bool redact_rules_cached(const struct redact_rules *rules);
+/* Where compiled databases are cached (malloc'd; NULL: no cache): $STOCKADE_CACHE_DIR
+ * ("off": none), else /var/cache/stockade as root, else $XDG_CACHE_HOME/stockade, else
+ * ~/.cache/stockade. A cache file is loaded only from a directory and a file both owned
+ * by the effective uid and writable by nobody else; anything else is compiled. */
+char *redact_cache_dir(void);
 size_t redact_rules_count(const struct redact_rules *rules);
 /* Every secret the rules redact in text (as one stream, to its end), in order: found is
  * called with the secret's offsets and the rule's index in specs. For the CI gates. */

@@ -248,8 +248,12 @@ def neighbour_rows(ctx, bench, Row):
 
 
 def section_redaction(ctx, bench, Row):
+    # STOCKADE_BENCH_REDACT=throughput,neighbour: only those parts (while tuning)
+    parts = os.environ.get("STOCKADE_BENCH_REDACT", "").split(",")
     for what, fn in [("corpus", corpus_rows), ("scan", scan_rows), ("throughput", throughput_rows),
                      ("neighbour", neighbour_rows)]:
+        if parts != [""] and what not in parts:
+            continue
         try:
             fn(ctx, bench, Row)
         except (RuntimeError, OSError, subprocess.SubprocessError) as e:
