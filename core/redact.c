@@ -623,6 +623,21 @@ static struct redact_regex_stream *regex_stream_open(const struct redact_rules *
     return x;
 }
 
+/* Drop emitted text but LOOKBEHIND bytes before what is held. Done before a read, not
+ * after one: what a read emitted is handed on from the text, uncopied (regex_feed). */
+static void trim_emitted(struct redact_regex_stream *x)
+{
+    if (x->done <= LOOKBEHIND)
+        return;
+    size_t drop = x->done - LOOKBEHIND;
+    memmove(x->text.data, x->text.data + drop, x->text.len - drop);
+    x->text.len -= drop;
+    x->done -= drop;
+    x->base += drop;
+    if (x->head_checked)
+        x->head_checked -= drop;
+}
+
 /* One read through the regex stage: what no secret can still cover goes to sink. */
 static void regex_step(const struct redact_rules *r, struct redact_regex_stream *x,
                        const char *data, size_t n, enum redact_mode mode, int64_t *count,
@@ -634,12 +649,29 @@ static void regex_step(const struct redact_rules *r, struct redact_regex_stream 
         fail_closed(x, count, sink, ud);
         return;
     }
+    trim_emitted(x);
+    /* an opener not reported yet ends past the text, so begins in its last bytes */
+    size_t tail = r->open_width > 1 ? r->open_width - 1 : 0;
     if (n) {
-        buf_append(&x->text, data, n);
         if (hs_scan_stream(x->hs, data, (unsigned)n, 0, r->scratch, on_opener, x) != HS_SUCCESS) {
             fail_closed(x, count, sink, ud);
             return;
         }
+        /* Nothing held and no opener in the read (most reads of most output): it goes
+         * out as it came, but its last bytes, and only those and the look-behind are
+         * kept. */
+        if (mode == REDACT_MORE && x->done == x->text.len && x->head == x->end &&
+            n >= tail + LOOKBEHIND) {
+            size_t keep_from = n - tail - LOOKBEHIND;
+            sink(ud, data, n - tail);
+            x->base += x->text.len + keep_from;
+            x->text.len = 0;
+            buf_append(&x->text, data + keep_from, LOOKBEHIND + tail);
+            x->done = LOOKBEHIND;
+            x->head_checked = 0;
+            return;
+        }
+        buf_append(&x->text, data, n);
     }
     size_t safe;
     if (mode == REDACT_EOF) {
@@ -647,27 +679,39 @@ static void regex_step(const struct redact_rules *r, struct redact_regex_stream 
         x->hs = NULL;
         safe = x->text.len;
     } else {
-        /* an opener not reported yet ends past the text, so begins in its last bytes */
-        size_t tail = r->open_width > 1 ? r->open_width - 1 : 0;
         safe = x->text.len > x->done + tail ? x->text.len - tail : x->done;
         if (mode == REDACT_QUIET)
             safe = partial_opener(r, x, safe);
     }
     resolve(r, x, safe, mode, count, sink, ud);
-    if (mode == REDACT_EOF) {
+    if (mode == REDACT_EOF)
         x->withheld = true;     /* nothing more can come */
+}
+
+/* A read's output, handed on in one piece (a piece per gap between openers would cost
+ * the sink per piece): the first piece is only pointed to, and copied only when a second
+ * one follows. The pieces stay valid until the next read (trim_emitted). */
+struct pieces {
+    struct buf *buf;
+    const char *first;
+    size_t first_len;
+};
+
+static void pieces_add(void *ud, const char *data, size_t n)
+{
+    struct pieces *o = ud;
+    if (n == 0)
+        return;
+    if (!o->first && o->buf->len == 0) {
+        o->first = data;
+        o->first_len = n;
         return;
     }
-    /* keep LOOKBEHIND emitted bytes before what is held */
-    if (x->done > LOOKBEHIND) {
-        size_t drop = x->done - LOOKBEHIND;
-        memmove(x->text.data, x->text.data + drop, x->text.len - drop);
-        x->text.len -= drop;
-        x->done -= drop;
-        x->base += drop;
-        if (x->head_checked)
-            x->head_checked -= drop;
+    if (o->first) {
+        buf_append(o->buf, o->first, o->first_len);
+        o->first = NULL;
     }
+    buf_append(o->buf, data, n);
 }
 
 static void append_sink(void *ud, const char *data, size_t n)
@@ -675,19 +719,20 @@ static void append_sink(void *ud, const char *data, size_t n)
     buf_append(ud, data, n);
 }
 
-/* The regex stage: data in, what no secret can still cover out through sink, in one
- * piece per read (a piece per gap between openers would cost the sink per piece). */
+/* The regex stage: data in, what no secret can still cover out through sink. */
 static void regex_feed(const struct redact_rules *r, struct redact_stream *rs, const char *data,
                        size_t n, enum redact_mode mode, int64_t *count, redact_sink sink,
                        void *ud)
 {
     if (!rs->rx)
         rs->rx = regex_stream_open(r);
-    struct buf *out = &rs->rx->out;
-    out->len = 0;
-    regex_step(r, rs->rx, data, n, mode, count, append_sink, out);
-    if (out->len)
-        sink(ud, out->data, out->len);
+    struct pieces out = {&rs->rx->out, NULL, 0};
+    out.buf->len = 0;
+    regex_step(r, rs->rx, data, n, mode, count, pieces_add, &out);
+    if (out.first)
+        sink(ud, out.first, out.first_len);
+    else if (out.buf->len)
+        sink(ud, out.buf->data, out.buf->len);
 }
 
 static void regex_stream_free(struct redact_regex_stream *x)
