@@ -13,7 +13,7 @@
 static const struct redact_rule_spec specs[] = {
     {"token", "(?<![A-Za-z0-9_])tok_(?<secret>[A-Za-z0-9]{8,}+)", "tok_", "[TOKEN]"},
     {"key", "-----BEGIN K-----[A-Za-z0-9+/=\\n]*+-----END K-----", "-----BEGIN K", "[KEY]"},
-    {"pass", "(?i)password[ \\t]*=[ \\t]*(?<secret>\\S{4,}+)", "(?i)password", "[PASS]"},
+    {"pass", "(?i)password[ \\t]*=[ \\t]*(?<secret>\\S{4,}+)", "(?i)pass(?:word|wd)?", "[PASS]"},
 };
 #define NSPECS (sizeof specs / sizeof *specs)
 
