@@ -81,6 +81,9 @@ def make_inputs(d, size):
                   b'Traceback (most recent call last):\n  File "/srv/app/views.py", line %d, in get\n'
                   b'    token = session["token"]\nKeyError: \'token\'\n' % (i % 60, i) for i in range(500))
     add("traceback-heavy log", lambda: tb)
+    # the liveness issue's input: a prefix, then a run that a secret's body could be
+    adv = b"eyJ" + b"a" * 16381
+    add("adversarial eyJ+a*16381", lambda: adv * 64)
     return files
 
 
@@ -204,7 +207,8 @@ def throughput_rows(ctx, bench, Row):
                     cpu.append((_ticks(pid) - c0) / hz / (size / 1e9))
                 bench.add(Row(SEC, f"{name}: call, {what}", "MB/s", rates, base=base, better="higher",
                               key=f"redact:{tool}:{name}",
-                              note=f"supervisor CPU {sorted(cpu)[len(cpu) // 2]:.2f} s/GB"))
+                              note=f"target >= 0.5x; supervisor CPU "
+                                   f"{sorted(cpu)[len(cpu) // 2]:.2f} s/GB"))
     finally:
         client.close()
 
