@@ -27,12 +27,27 @@ struct redact_rule {
     size_t replace_len;
     pcre2_code *re;
     int secret_group;           /* 0: the whole match */
+    uint32_t lookbehind;        /* how far before its start the regex may look */
+    /* probes made and full matches they saved (verdict_no_match), lately */
+    uint32_t probes, saved, skipped;
 };
 
 /* One Vectorscan pattern: a rule's opener, or one fixed-width sequence of it. */
 struct opener_pat {
     unsigned rule;
     unsigned width;             /* 0: of varying width, reported with its start (SOM) */
+};
+
+/* A remembered verdict on an opener in its surroundings (verdict_no_match). */
+#define VERDICT_SLOTS 4096
+#define VERDICT_KEY_MAX 58
+
+enum { VERDICT_NONE, VERDICT_NOMATCH, VERDICT_MATCH_POSSIBLE };
+
+struct verdict {
+    uint32_t rule;
+    uint8_t len, what;
+    char key[VERDICT_KEY_MAX];
 };
 
 struct redact_rules {
@@ -48,6 +63,7 @@ struct redact_rules {
     hs_scratch_t *scratch;      /* the loop is one thread: one scratch per database */
     pcre2_code *open_any;       /* the openers as one PCRE2 alternation (quiet tails) */
     bool *jitted;               /* rule i's re JIT-compiled ([n]: open_any's), on first use */
+    struct verdict *verdicts;   /* VERDICT_SLOTS of them, filled as streams are resolved */
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit_stack;
@@ -92,6 +108,7 @@ void redact_rules_unref(struct redact_rules *r)
     free(r->rule);
     free(r->jitted);
     free(r->pat);
+    free(r->verdicts);
     hs_free_scratch(r->scratch);
     hs_free_database(r->db);
     pcre2_code_free(r->open_any);
@@ -655,6 +672,7 @@ struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, 
     r->n = n;
     r->rule = xcalloc(n ? n : 1, sizeof *r->rule);
     r->jitted = xcalloc(n + 1, sizeof *r->jitted);
+    r->verdicts = xcalloc(VERDICT_SLOTS, sizeof *r->verdicts);
     r->hold_max = hold_max ? hold_max : REDACT_HOLD_DEFAULT;
     struct buf any = {0};
     char *why = NULL;
@@ -671,6 +689,8 @@ struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, 
         }
         int g = pcre2_substring_number_from_name(rule->re, (PCRE2_SPTR) "secret");
         rule->secret_group = g > 0 ? g : 0;
+        if (pcre2_pattern_info(rule->re, PCRE2_INFO_MAXLOOKBEHIND, &rule->lookbehind) != 0)
+            rule->lookbehind = UINT32_MAX;      /* never probed (verdict_known) */
         buf_printf(&any, "%s(?:%s)", i ? "|" : "", sp->open);
     }
     if (n) {
@@ -705,6 +725,7 @@ fail:
 
 struct candidate {
     uint64_t start;             /* stream offset where an opener begins */
+    uint64_t open_end;          /* ... and where it ends (its shortest match) */
     unsigned rule;
 };
 
@@ -756,7 +777,7 @@ static int on_opener(unsigned id, unsigned long long from, unsigned long long to
         }
     }
     memmove(x->cand + k + 1, x->cand + k, (x->end - k) * sizeof *x->cand);
-    x->cand[k] = (struct candidate){from, id};
+    x->cand[k] = (struct candidate){from, to, id};
     x->end++;
     return 0;
 }
@@ -804,6 +825,64 @@ static void fail_closed(struct redact_regex_stream *x, int64_t *count, redact_si
     ++*count;
 }
 
+/* ---- verdicts on openers, remembered ----
+ *
+ * On text dense with openers, each costs an anchored PCRE2 match (50-180 ns), and most
+ * fail within a few bytes of where the opener ends (`token,`, `apiKey)`, `://cdn.`).
+ * Output repeats itself (log lines, generated code, JSON keys), so the same opener in
+ * the same surroundings comes back again and again. A probe decides it on those
+ * surroundings alone: the rule's PCRE2 pattern on the text from its look-behind's reach
+ * before the opener to one byte past it, with hard partial matching. NOMATCH there means
+ * no match can start at the opener whatever follows (every look-behind has its bytes,
+ * and a partial match would have said PARTIAL), so the verdict is a function of those
+ * bytes: remembered, exactly (the bytes themselves are the key, not a hash of them), it
+ * settles the next such opener without PCRE2. A probe that could not decide is
+ * remembered too, so a repeated undecidable opener costs a full match and no probe. */
+
+/* Whether the candidate at the head can start no match: from the remembered verdicts,
+ * else from probes (remembered), on one byte past the opener and then on 16. False: it
+ * needs a full match. */
+static bool verdict_no_match(const struct redact_rules *r, const struct redact_regex_stream *x,
+                             size_t start)
+{
+    static const size_t reach[] = {1, 16};
+    const struct candidate *c = &x->cand[x->head];
+    struct redact_rule *rule = &r->rule[c->rule];
+    if (rule->lookbehind > start && x->base > 0)
+        return false;           /* the look-behind's reach went out with the emitted text */
+    size_t from = rule->lookbehind > start ? 0 : start - rule->lookbehind;
+    for (size_t i = 0; i < sizeof reach / sizeof *reach; i++) {
+        size_t to = (size_t)(c->open_end - x->base) + reach[i];
+        if (to > x->text.len || to - from > VERDICT_KEY_MAX)
+            return false;
+        const char *key = x->text.data + from;
+        uint8_t len = (uint8_t)(to - from);
+        struct verdict *v =
+            &r->verdicts[(fnv1a(FNV_SEED ^ c->rule, key, len) >> 7) & (VERDICT_SLOTS - 1)];
+        if (v->what == VERDICT_NONE || v->rule != c->rule || v->len != len ||
+            memcmp(v->key, key, len) != 0) {
+            /* where the surroundings do not repeat (a diff, prose), a probe only adds
+             * to the full match: once a rule's probes save under a quarter of what
+             * they cost, one in 16 is made, to notice when that changes */
+            if (rule->probes >= 64 && rule->saved < rule->probes / 4 && ++rule->skipped % 16)
+                return false;
+            if (++rule->probes >= 4096)
+                rule->probes /= 2, rule->saved /= 2;
+            int rc = pcre2_match(rule->re, (PCRE2_SPTR)key, len, start - from,
+                                 PCRE2_PARTIAL_HARD, r->md, r->mctx);
+            v->rule = c->rule;
+            v->len = len;
+            v->what = rc == PCRE2_ERROR_NOMATCH ? VERDICT_NOMATCH : VERDICT_MATCH_POSSIBLE;
+            memcpy(v->key, key, len);
+        }
+        if (v->what == VERDICT_NOMATCH) {
+            rule->saved++;
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Resolve openers in order, emitting what no match can cover, up to `safe` (text
  * offsets below it cannot begin an opener not yet reported). */
 static void resolve(const struct redact_rules *r, struct redact_regex_stream *x, size_t safe,
@@ -824,6 +903,10 @@ static void resolve(const struct redact_rules *r, struct redact_regex_stream *x,
             x->text.len < x->head_checked + held / 4 + 4096)
             return;
         jit_once(rule->re, &r->jitted[x->cand[x->head].rule]);
+        if (!x->head_checked && verdict_no_match(r, x, start)) {
+            x->head++;
+            continue;
+        }
         int rc = pcre2_match(rule->re, (PCRE2_SPTR)x->text.data, x->text.len, start,
                              mode == REDACT_EOF ? 0 : PCRE2_PARTIAL_HARD,
                              r->md, r->mctx);

@@ -97,6 +97,41 @@ static void test_every_boundary(void)
     redact_rules_unref(r);
 }
 
+/* Openers that repeat in the same surroundings are settled from remembered verdicts:
+ * the verdicts never hide a secret that begins like the non-secrets before it. */
+static void test_repeated_openers(void)
+{
+    struct redact_rules *r = compile(0);
+    CHECK(r != NULL);
+    if (!r)
+        return;
+    struct redact_set *set = redact_set_new(r, false, NULL, NULL, 0, false);
+    struct buf text = {0}, want = {0}, out = {0};
+    for (int i = 0; i < 300; i++) {
+        /* not secrets: too short, or a token inside a word, or no value */
+        buf_printf(&text, "tok_ab xtok_abcdefgh1 password; ");
+        buf_printf(&want, "tok_ab xtok_abcdefgh1 password; ");
+        if (i % 50 == 49) {
+            buf_printf(&text, "tok_abcdefgh%d password = hunter%d ", i, i);
+            buf_printf(&want, "tok_[TOKEN] password = [PASS] ");
+        }
+    }
+    int64_t n = run_cuts(set, text.data, NULL, 0, &out);
+    CHECK(n == 12);
+    CHECK_STR(out.data, want.data);
+    size_t cuts[64];
+    for (size_t k = 0; k < 64; k++)
+        cuts[k] = (k + 1) * (text.len / 65) + k % 7;
+    n = run_cuts(set, text.data, cuts, 64, &out);
+    CHECK(n == 12);
+    CHECK_STR(out.data, want.data);
+    buf_free(&text);
+    buf_free(&want);
+    buf_free(&out);
+    redact_set_free(set);
+    redact_rules_unref(r);
+}
+
 /* One key of 256 KiB in reads of 1000 bytes: nothing of it leaves before its end comes,
  * the text around it does, whole. */
 static void test_match_spanning_reads(void)
@@ -322,6 +357,7 @@ int main(void)
 {
     setenv("STOCKADE_CACHE_DIR", "off", 1);
     test_every_boundary();
+    test_repeated_openers();
     test_match_spanning_reads();
     test_hold_limit();
     test_cache();
