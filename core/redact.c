@@ -139,7 +139,8 @@ struct redact_rules *redact_rules_ref(struct redact_rules *r)
  *
  * hs_compile_multi dominates a policy's load (most of `stockade run true`), so the
  * serialized database is kept in a file named by a hash of what it was compiled from
- * (every opener, flag and id, the mode, the library's version and the platform). Loading
+ * (every opener, the library's version and the platform; the patterns, flags and mode
+ * follow from those, see CACHE_MAGIC). Loading
  * it is deserializing bytes into code the matcher trusts: a file anyone else could have
  * written is memory corruption waiting to happen. So a file is loaded only from a
  * directory that the effective uid owns and nobody else may write, itself owned by the
@@ -452,8 +453,11 @@ static bool expand_atom(const char **p, struct alts *out, int depth)
         for (; *end != ']'; end++) {
             if (!*end)
                 return false;
-            if (*end == '\\' && !*++end)
-                return false;
+            if (*end == '\\') {
+                if (!*++end)
+                    return false;
+                continue;       /* an escaped byte, whatever it is */
+            }
             if (end[0] == '[' && end[1] == ':') {
                 const char *close = strstr(end + 2, ":]");
                 if (!close)
@@ -690,7 +694,7 @@ struct redact_rules *redact_rules_compile(const struct redact_rule_spec *specs, 
         int g = pcre2_substring_number_from_name(rule->re, (PCRE2_SPTR) "secret");
         rule->secret_group = g > 0 ? g : 0;
         if (pcre2_pattern_info(rule->re, PCRE2_INFO_MAXLOOKBEHIND, &rule->lookbehind) != 0)
-            rule->lookbehind = UINT32_MAX;      /* never probed (verdict_known) */
+            rule->lookbehind = UINT32_MAX;      /* probed only from the stream's start */
         buf_printf(&any, "%s(?:%s)", i ? "|" : "", sp->open);
     }
     if (n) {
