@@ -28,6 +28,18 @@ static struct redact_rules *compile(size_t hold)
     return r;
 }
 
+/* A set of the rules (it holds the only reference to them), or NULL. */
+static struct redact_set *new_set(size_t hold)
+{
+    struct redact_rules *r = compile(hold);
+    CHECK(r != NULL);
+    if (!r)
+        return NULL;
+    struct redact_set *set = redact_set_new(r, false, NULL, NULL, 0, false);
+    redact_rules_unref(r);
+    return set;
+}
+
 static void append(void *ud, const char *data, size_t n)
 {
     buf_append(ud, data, n);
@@ -65,11 +77,9 @@ static const char sample_out[] =
  * the same output as one read. */
 static void test_every_boundary(void)
 {
-    struct redact_rules *r = compile(0);
-    CHECK(r != NULL);
-    if (!r)
+    struct redact_set *set = new_set(0);
+    if (!set)
         return;
-    struct redact_set *set = redact_set_new(r, false, NULL, NULL, 0, false);
     struct buf out = {0};
     size_t len = strlen(sample);
     CHECK(run_cuts(set, sample, NULL, 0, &out) == 4);
@@ -94,18 +104,15 @@ static void test_every_boundary(void)
     free(bytes);
     buf_free(&out);
     redact_set_free(set);
-    redact_rules_unref(r);
 }
 
 /* Openers that repeat in the same surroundings are settled from remembered verdicts:
  * the verdicts never hide a secret that begins like the non-secrets before it. */
 static void test_repeated_openers(void)
 {
-    struct redact_rules *r = compile(0);
-    CHECK(r != NULL);
-    if (!r)
+    struct redact_set *set = new_set(0);
+    if (!set)
         return;
-    struct redact_set *set = redact_set_new(r, false, NULL, NULL, 0, false);
     struct buf text = {0}, want = {0}, out = {0};
     for (int i = 0; i < 300; i++) {
         /* not secrets: too short, or a token inside a word, or no value */
@@ -129,18 +136,15 @@ static void test_repeated_openers(void)
     buf_free(&want);
     buf_free(&out);
     redact_set_free(set);
-    redact_rules_unref(r);
 }
 
 /* One key of 256 KiB in reads of 1000 bytes: nothing of it leaves before its end comes,
  * the text around it does, whole. */
 static void test_match_spanning_reads(void)
 {
-    struct redact_rules *r = compile(0);
-    CHECK(r != NULL);
-    if (!r)
+    struct redact_set *set = new_set(0);
+    if (!set)
         return;
-    struct redact_set *set = redact_set_new(r, false, NULL, NULL, 0, false);
     struct buf text = {0}, out = {0};
     buf_printf(&text, "before ");
     buf_printf(&text, "-----BEGIN K-----\n");
@@ -167,18 +171,15 @@ static void test_match_spanning_reads(void)
     buf_free(&text);
     buf_free(&out);
     redact_set_free(set);
-    redact_rules_unref(r);
 }
 
 /* A match growing past the hold limit fails closed: what it covers never leaves, nor does
  * anything after it; a notice says the output was withheld. */
 static void test_hold_limit(void)
 {
-    struct redact_rules *r = compile(4096);
-    CHECK(r != NULL);
-    if (!r)
+    struct redact_set *set = new_set(4096);
+    if (!set)
         return;
-    struct redact_set *set = redact_set_new(r, false, NULL, NULL, 0, false);
     struct buf out = {0};
     struct redact_stream rs = {0};
     int64_t count = 0;
@@ -205,7 +206,6 @@ static void test_hold_limit(void)
     redact_stream_free(&rs);
     buf_free(&out);
     redact_set_free(set);
-    redact_rules_unref(r);
 }
 
 /* ---- the cache of the compiled matcher ---- */
