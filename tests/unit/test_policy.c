@@ -6,6 +6,7 @@
 
 #include <lua.h>
 #include <malloc.h>
+#include <msgpack.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -337,6 +338,120 @@ out:
     free(plugins);
 }
 
+/* A hook that keeps memory alive up to the cap (an upvalue it fills, swallowing each
+ * refused allocation with pcall): every later entry into the state must cost its call
+ * only, with a one-line reason, and never raise outside a protected call (a Lua panic
+ * aborts the server). The core's own pushes (the call's view, argv's args, the output
+ * for redact and classify, the results it reads back) all meet the full state. */
+static struct policy *memory_keeper(void)
+{
+    char *path = write_policy("keeper.lua",
+        "local stockade = require 'stockade'\n"
+        "local keep, chain = {}, nil\n"
+        "local function t(f)\n"
+        "  f.path, f.owner, f.timeout = '/bin/true', 't', '5s'\n"
+        "  f.schema = { type = 'object' }\n"
+        "  return stockade.tool(f)\n"
+        "end\n"
+        "return stockade.policy {\n"
+        "  limits = { lua_memory = '8MiB' },\n"
+        "  tools = {\n"
+        "    fill = t { accept = function()\n"
+        "      pcall(function() while true do\n"
+        "        keep[#keep + 1] = string.rep('x', 4096) .. #keep end end)\n"
+        "      pcall(function() while true do keep[#keep + 1] = {} end end)\n"
+        "      pcall(function() while true do chain = { chain } end end)\n"
+        "      return true end },\n"
+                "    ok = t { accept = function() return true end },\n"
+        "    idem = t { idempotent = function() return true end },\n"
+        "    args = t { argv = function(a) return { 'x' } end },\n"
+        "    out = t { output = { format = 'json' } },\n"
+        "    red = t { redact = function(text) return text end },\n"
+        "    cls = t { classify = function(r) return 'TOOL_ERROR', false, 'said so' end },\n"
+        "  },\n"
+        "}\n");
+    char *err = NULL;
+    struct policy *p = policy_load(path, &err);
+    if (!p)
+        fprintf(stderr, "keeper.lua: %s\n", err);
+    free(err);
+    free(path);
+    return p;
+}
+
+/* One line, naming the memory cap. */
+static bool memory_reason(const char *reason)
+{
+    return reason && strstr(reason, "memory cap") && !strchr(reason, '\n');
+}
+
+static void test_hook_keeps_memory(void)
+{
+    struct policy *p = memory_keeper();
+    CHECK(p != NULL);
+    if (!p)
+        return;
+    lua_State *L = p->L;
+    int top = lua_gettop(L);
+    char *reason = NULL;
+
+    /* the hook that hit the cap costs its own call, even though it swallowed the error */
+    bool ok = accept1(p, "fill", "x", &reason);
+    CHECK(!ok && memory_reason(reason));
+    if (ok || !memory_reason(reason))
+        fprintf(stderr, "  fill: %s\n", reason ? reason : "(accepted)");
+    free(reason);
+    CHECK(lua_gettop(L) == top);
+
+    /* the next hooks meet a full state: refused, each with the cap named */
+    for (int i = 0; i < 3; i++) {
+        reason = NULL;
+        ok = accept1(p, "ok", "yes", &reason);
+        CHECK(!ok && memory_reason(reason));
+        if (ok || !memory_reason(reason))
+            fprintf(stderr, "  ok after fill: %s\n", reason ? reason : "(accepted)");
+        free(reason);
+        CHECK(lua_gettop(L) == top);
+    }
+    char *rd[] = {"read", NULL};
+    struct policy_call_view v = {"idem", rd, 1, "s", "/r", 1};
+    CHECK(!policy_idempotent(p, policy_tool(p, "idem"), &v, true));
+
+    msgpack_object args = {.type = MSGPACK_OBJECT_MAP};
+    char **argv = NULL;
+    size_t argc = 0;
+    reason = NULL;
+    v.tool = "args";
+    CHECK(!policy_argv(p, policy_tool(p, "args"), &args, &v, &argv, &argc, &reason));
+    CHECK(reason && !strchr(reason, '\n') && argv == NULL);
+    free(reason);
+
+    reason = NULL;
+    CHECK(!policy_check_output(p, policy_tool(p, "out"), "{}", 2, &reason));
+    CHECK(reason && strstr(reason, "memory cap") && !strchr(reason, '\n'));
+    free(reason);
+
+    struct buf out = {0};
+    size_t consumed = 0;
+    int64_t count = 0;
+    CHECK(policy_redact(p, policy_tool(p, "red"), "stdout", "s", "hello\n", 6,
+                        REDACT_MORE, &out, &consumed, &count) == POLICY_NOMEM);
+    CHECK(out.len == 0);
+    buf_free(&out);
+
+    struct policy_classify_input in = {.has_exit_code = true, .exit_code = 1,
+                                       .stdout_tail = "", .stderr_tail = "oops",
+                                       .stderr_tail_len = 4, .duration_ms = 5};
+    char *class = NULL, *message = NULL;
+    bool retryable = false;
+    CHECK(!policy_classify(p, policy_tool(p, "cls"), &in, &class, &retryable, &message));
+    CHECK(class == NULL && message == NULL);
+    CHECK(lua_gettop(L) == top);
+    CHECK(p->mem_used <= p->mem_limit);
+
+    policy_unref(p);
+}
+
 int main(void)
 {
     if (!mkdtemp(dir))
@@ -347,6 +462,7 @@ int main(void)
     test_hostile_hooks();
     test_refcount();
     test_require_under_memory_cap();
+    test_hook_keeps_memory();
     char *cmd = xasprintf("rm -rf '%s'", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);

@@ -1,0 +1,56 @@
+"""A hook over the policy's memory cap costs its call and nothing else (issue 14).
+
+A hook that keeps memory alive up to `limits.lua_memory` leaves the policy state full:
+every later entry into it (the next call's view, the classify hook every finished call
+goes through) meets a refused allocation. None of them may raise outside a protected
+call (a Lua panic aborts the whole server): each costs its own call, refused with a
+one-line reason, and another session's calls and `stats` keep answering.
+
+    STOCKADE_BIN=$PWD/stockade PYTHONPATH=contrib/python \\
+        /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/security/test_hook_memory.py
+"""
+import os
+
+import pytest
+
+from serve_helpers import ServeProc, one_line
+from stockade_testlib import FIXTURES
+
+POLICY = os.path.join(FIXTURES, "hook_memory.lua")
+
+
+@pytest.fixture
+def server(stockade, state_dir):
+    srv = ServeProc(stockade, state_dir, POLICY, listen=True)
+    yield srv
+    alive = srv.alive()
+    srv.proc.terminate()
+    srv.proc.wait(30)
+    log = srv.stderr_text()
+    assert alive, f"serve died (exit {srv.proc.returncode}): {log[-3000:]}"
+    for word in ("AddressSanitizer", "LeakSanitizer", "runtime error:", "PANIC"):
+        assert word not in log, f"serve reported {word}: {log[-3000:]}"
+
+
+def test_hook_that_fills_the_state_costs_its_calls_only(server):
+    a = server.connect()
+    b = server.connect()
+    try:
+        with a.open_session() as sa:
+            for i in range(3):
+                r = sa.call("keeper", [])
+                assert r.class_ == "POLICY_VIOLATION", (i, r)
+                assert one_line(r.message) and "memory cap" in r.message, (i, r.message)
+            # another hook of the same (full) state: refused the same way, fail closed
+            r = sa.call("guarded", ["yes"])
+            assert r.class_ == "POLICY_VIOLATION" and "memory cap" in r.message, r
+        with b.open_session() as sb:
+            for _ in range(3):
+                r = sb.call("true", [])
+                assert r.class_ == "OK" and r.exit_code == 0, r
+        st = b.stats()
+        assert isinstance(st, dict) and st, st
+        assert server.alive()
+    finally:
+        a.close()
+        b.close()
