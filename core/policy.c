@@ -153,6 +153,11 @@ enum policy_rc policy_pcall(struct policy *p, int nargs, int nres, const char *h
     int fn = lua_gettop(L) - nargs;
     lua_pushcfunction(L, message_handler);
     lua_insert(L, fn);
+    /* The last hook met the cap (it may have swallowed the refusal): give back what is
+     * garbage before this one starts, so that it is not refused for the other's litter.
+     * A full collection cannot raise (finalizers are stripped) and is bounded by the cap. */
+    if (p->out_of_memory)
+        lua_gc(L, LUA_GCCOLLECT);
     p->instr_used = 0;
     p->over_budget = false;
     p->out_of_memory = false;
@@ -198,8 +203,10 @@ enum policy_rc policy_pcall(struct policy *p, int nargs, int nres, const char *h
     else
         free(msg);
     /* A bomb leaves garbage behind: give the memory back before the next hook. */
-    if (out == POLICY_NOMEM)
+    if (out == POLICY_NOMEM) {
         lua_gc(L, LUA_GCCOLLECT);
+        p->out_of_memory = false;
+    }
     return out;
 }
 
@@ -1058,8 +1065,69 @@ const struct tool_def *policy_tool(const struct policy *p, const char *name)
 
 /* ---- hooks ---------------------------------------------------------------------- */
 
+/* Entering the state for a hook. The core's own pushes (the hook, the call's view, the
+ * output handed to redact and classify) and its reads of the results allocate in the
+ * policy's state, which may be at its memory cap: a hook can keep memory alive up to it,
+ * swallowing the refusals with pcall. A refused allocation outside a protected call is a
+ * Lua panic, which aborts the server; so all of it runs inside the protected call, and a
+ * refusal there costs the call its hook, like the hook's own. */
+struct hook_entry {
+    /* Push the function and its arguments; return how many arguments. */
+    int (*push)(lua_State *L, const void *ud);
+    const void *ud;
+    int nres;
+    /* Results 1..nres whose bit is set are read back as strings: numbers among them are
+     * converted here, where converting may raise, so that the caller's lua_tolstring
+     * never allocates. */
+    unsigned as_strings;
+    /* Also the strings of the list at this result (0: none): argv's. */
+    int list_of_strings;
+};
+
+static void convert_number(lua_State *L, int idx)
+{
+    if (lua_type(L, idx) == LUA_TNUMBER)
+        lua_tolstring(L, idx, NULL);    /* converts in place */
+}
+
+static int enter_hook(lua_State *L)
+{
+    const struct hook_entry *e = lua_touserdata(L, 1);
+    lua_pop(L, 1);
+    int nargs = e->push(L, e->ud);
+    lua_call(L, nargs, e->nres);
+    int first = lua_gettop(L) - e->nres + 1;
+    for (int i = 0; i < e->nres; i++)
+        if (e->as_strings & (1u << i))
+            convert_number(L, first + i);
+    if (e->list_of_strings && lua_istable(L, first + e->list_of_strings - 1)) {
+        int list = first + e->list_of_strings - 1;
+        lua_Integer n = (lua_Integer)lua_rawlen(L, list);
+        for (lua_Integer i = 1; i <= n; i++) {
+            if (lua_rawgeti(L, list, i) == LUA_TNUMBER) {
+                lua_tolstring(L, -1, NULL);
+                lua_rawseti(L, list, i);
+            } else {
+                lua_pop(L, 1);
+            }
+        }
+    }
+    return e->nres;
+}
+
+/* The budgeted, protected entry: e->nres results on POLICY_OK, nothing otherwise. */
+static enum policy_rc policy_enter(struct policy *p, const struct hook_entry *e,
+                                   const char *hook, char **err)
+{
+    /* A light C function and a light userdata: neither allocates. */
+    lua_pushcfunction(p->L, enter_hook);
+    lua_pushlightuserdata(p->L, (void *)e);
+    return policy_pcall(p, 1, e->nres, hook, err);
+}
+
 static void push_call_view(lua_State *L, const struct policy_call_view *v)
 {
+    luaL_checkstack(L, 6, "call view");
     lua_createtable(L, 0, 6);
     lua_pushstring(L, v->tool);
     lua_setfield(L, -2, "tool");
@@ -1081,17 +1149,24 @@ static void push_call_view(lua_State *L, const struct policy_call_view *v)
     lua_setfield(L, -2, "env");
 }
 
-/* Push the tool's hook `name`; false (nothing pushed) when absent. */
-static bool push_hook(lua_State *L, const struct tool_def *t, const char *name)
+struct tool_hook_call {
+    const struct tool_def *tool;
+    const char *hook;
+    const struct policy_call_view *view;
+};
+
+/* The tool's hook (as a function or whatever the tool table now holds there: calling
+ * anything else fails the hook, closed) and the call's view. */
+static int push_tool_hook(lua_State *L, const void *ud)
 {
-    policy_of(L)->hook_tool = t;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, t->ref);
-    lua_getfield(L, -1, name);
+    const struct tool_hook_call *c = ud;
+    policy_of(L)->hook_tool = c->tool;
+    luaL_checkstack(L, 4, "hook");
+    lua_rawgeti(L, LUA_REGISTRYINDEX, c->tool->ref);
+    lua_getfield(L, -1, c->hook);
     lua_remove(L, -2);
-    if (lua_isfunction(L, -1))
-        return true;
-    lua_pop(L, 1);
-    return false;
+    push_call_view(L, c->view);
+    return 1;
 }
 
 bool policy_accept(struct policy *p, const struct tool_def *t, const struct policy_call_view *v,
@@ -1100,11 +1175,12 @@ bool policy_accept(struct policy *p, const struct tool_def *t, const struct poli
     lua_State *L = p->L;
     int top = lua_gettop(L);
     *reason = NULL;
-    if (!t->has_accept || !push_hook(L, t, "accept"))
+    if (!t->has_accept)
         return true;
-    push_call_view(L, v);
+    struct tool_hook_call c = {t, "accept", v};
+    struct hook_entry e = {push_tool_hook, &c, 2, 0, 0};
     char *err = NULL;
-    enum policy_rc rc = policy_pcall(p, 1, 2, "accept", &err);
+    enum policy_rc rc = policy_enter(p, &e, "accept", &err);
     bool ok = false;
     if (rc != POLICY_OK) {
         *reason = xasprintf("refused: the policy's accept hook for %s failed (%s)", t->name,
@@ -1143,14 +1219,11 @@ bool policy_idempotent(struct policy *p, const struct tool_def *t,
         return t->idempotent;
     lua_State *L = p->L;
     int top = lua_gettop(L);
-    if (!push_hook(L, t, "idempotent"))
-        return false;
-    push_call_view(L, v);
+    struct tool_hook_call c = {t, "idempotent", v};
+    struct hook_entry e = {push_tool_hook, &c, 1, 0, 0};
     bool out = false;
-    if (policy_pcall(p, 1, 1, "idempotent", NULL) == POLICY_OK) {
+    if (policy_enter(p, &e, "idempotent", NULL) == POLICY_OK)
         out = lua_type(L, -1) == LUA_TBOOLEAN && lua_toboolean(L, -1);
-        lua_pop(L, 1);
-    }
     lua_settop(L, top);
     return out;
 }
@@ -1291,10 +1364,11 @@ static int l_core_paths_beneath(lua_State *L)
 
 /* ---- the engine's hooks ----------------------------------------------------------- */
 
-/* Push engine[fn], P and the tool's name. */
+/* Push engine[fn], P and the tool's name (inside the protected entry). */
 static void push_engine_call(lua_State *L, const char *fn, const struct tool_def *t)
 {
     policy_of(L)->hook_tool = t;
+    luaL_checkstack(L, 8, "engine call");
     lua_rawgetp(L, LUA_REGISTRYINDEX, &key_engine);
     lua_getfield(L, -1, fn);
     lua_remove(L, -2);
@@ -1304,6 +1378,24 @@ static void push_engine_call(lua_State *L, const char *fn, const struct tool_def
 
 static const char *const redact_modes[] = {"more", "eof", "quiet"};
 
+struct redact_call {
+    const struct tool_def *tool;
+    const char *stream, *session_id, *text;
+    size_t len;
+    enum redact_mode mode;
+};
+
+static int push_redact(lua_State *L, const void *ud)
+{
+    const struct redact_call *c = ud;
+    push_engine_call(L, "redact", c->tool);
+    lua_pushstring(L, c->stream);
+    lua_pushstring(L, c->session_id ? c->session_id : "");
+    lua_pushlstring(L, c->text, c->len);
+    lua_pushstring(L, redact_modes[c->mode]);
+    return 6;
+}
+
 enum policy_rc policy_redact(struct policy *p, const struct tool_def *t, const char *stream,
                              const char *session_id, const char *text, size_t len,
                              enum redact_mode mode, struct buf *out, size_t *consumed,
@@ -1311,12 +1403,9 @@ enum policy_rc policy_redact(struct policy *p, const struct tool_def *t, const c
 {
     lua_State *L = p->L;
     int top = lua_gettop(L);
-    push_engine_call(L, "redact", t);
-    lua_pushstring(L, stream);
-    lua_pushstring(L, session_id ? session_id : "");
-    lua_pushlstring(L, text, len);
-    lua_pushstring(L, redact_modes[mode]);
-    enum policy_rc rc = policy_pcall(p, 6, 3, "redact", NULL);
+    struct redact_call c = {t, stream, session_id, text, len, mode};
+    struct hook_entry e = {push_redact, &c, 3, 1u << 0, 0};
+    enum policy_rc rc = policy_enter(p, &e, "redact", NULL);
     if (rc == POLICY_OK) {
         size_t olen;
         const char *o = lua_tolstring(L, -3, &olen);
@@ -1333,13 +1422,16 @@ enum policy_rc policy_redact(struct policy *p, const struct tool_def *t, const c
     return rc;
 }
 
-bool policy_classify(struct policy *p, const struct tool_def *t,
-                     const struct policy_classify_input *in, char **class, bool *retryable,
-                     char **message)
+struct classify_call {
+    const struct tool_def *tool;
+    const struct policy_classify_input *in;
+};
+
+static int push_classify(lua_State *L, const void *ud)
 {
-    lua_State *L = p->L;
-    int top = lua_gettop(L);
-    push_engine_call(L, "classify", t);
+    const struct classify_call *c = ud;
+    const struct policy_classify_input *in = c->in;
+    push_engine_call(L, "classify", c->tool);
     lua_createtable(L, 0, 6);
     if (in->has_exit_code) {
         lua_pushinteger(L, in->exit_code);
@@ -1359,8 +1451,19 @@ bool policy_classify(struct policy *p, const struct tool_def *t,
     lua_setfield(L, -2, "stderr_tail");
     lua_pushinteger(L, in->duration_ms);
     lua_setfield(L, -2, "duration_ms");
+    return 3;
+}
+
+bool policy_classify(struct policy *p, const struct tool_def *t,
+                     const struct policy_classify_input *in, char **class, bool *retryable,
+                     char **message)
+{
+    lua_State *L = p->L;
+    int top = lua_gettop(L);
+    struct classify_call c = {t, in};
+    struct hook_entry e = {push_classify, &c, 3, 1u << 0 | 1u << 2, 0};
     bool changed = false;
-    if (policy_pcall(p, 3, 3, "classify", NULL) == POLICY_OK && lua_isstring(L, -3)) {
+    if (policy_enter(p, &e, "classify", NULL) == POLICY_OK && lua_isstring(L, -3)) {
         *class = xstrdup(lua_tostring(L, -3));
         *retryable = lua_toboolean(L, -2);
         /* the Lua redactors have seen the message (engine.classify); the regex ones
@@ -1375,52 +1478,91 @@ bool policy_classify(struct policy *p, const struct tool_def *t,
     return changed;
 }
 
-/* msgpack -> Lua, for structured args: bounded depth, string keys only. */
-static bool push_msgpack(lua_State *L, const msgpack_object *o, int depth)
+/* Whether push_msgpack takes o: bounded depth, string keys only, plain types. */
+static bool msgpack_is_plain(const msgpack_object *o, int depth)
 {
-    if (depth > 32 || !lua_checkstack(L, 4))
+    if (depth > 32)
         return false;
     switch (o->type) {
     case MSGPACK_OBJECT_NIL:
-        lua_rawgetp(L, LUA_REGISTRYINDEX, &key_json);
-        lua_getfield(L, -1, "null");
-        lua_remove(L, -2);
+    case MSGPACK_OBJECT_BOOLEAN:
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+    case MSGPACK_OBJECT_STR:
+    case MSGPACK_OBJECT_BIN: return true;
+    case MSGPACK_OBJECT_ARRAY:
+        for (uint32_t i = 0; i < o->via.array.size; i++)
+            if (!msgpack_is_plain(&o->via.array.ptr[i], depth + 1))
+                return false;
         return true;
-    case MSGPACK_OBJECT_BOOLEAN: lua_pushboolean(L, o->via.boolean); return true;
+    case MSGPACK_OBJECT_MAP:
+        for (uint32_t i = 0; i < o->via.map.size; i++)
+            if (o->via.map.ptr[i].key.type != MSGPACK_OBJECT_STR ||
+                !msgpack_is_plain(&o->via.map.ptr[i].val, depth + 1))
+                return false;
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* msgpack -> Lua, for structured args (checked by msgpack_is_plain first). Inside the
+ * protected entry: raises on a refused allocation. */
+static void push_msgpack(lua_State *L, const msgpack_object *o)
+{
+    luaL_checkstack(L, 4, "args");
+    switch (o->type) {
+    case MSGPACK_OBJECT_BOOLEAN: lua_pushboolean(L, o->via.boolean); return;
     case MSGPACK_OBJECT_POSITIVE_INTEGER:
         if (o->via.u64 > INT64_MAX)
             lua_pushnumber(L, (lua_Number)o->via.u64);
         else
             lua_pushinteger(L, (lua_Integer)o->via.u64);
-        return true;
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: lua_pushinteger(L, o->via.i64); return true;
+        return;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: lua_pushinteger(L, o->via.i64); return;
     case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: lua_pushnumber(L, o->via.f64); return true;
-    case MSGPACK_OBJECT_STR: lua_pushlstring(L, o->via.str.ptr, o->via.str.size); return true;
-    case MSGPACK_OBJECT_BIN: lua_pushlstring(L, o->via.bin.ptr, o->via.bin.size); return true;
+    case MSGPACK_OBJECT_FLOAT64: lua_pushnumber(L, o->via.f64); return;
+    case MSGPACK_OBJECT_STR: lua_pushlstring(L, o->via.str.ptr, o->via.str.size); return;
+    case MSGPACK_OBJECT_BIN: lua_pushlstring(L, o->via.bin.ptr, o->via.bin.size); return;
     case MSGPACK_OBJECT_ARRAY:
         lua_createtable(L, (int)o->via.array.size, 0);
         for (uint32_t i = 0; i < o->via.array.size; i++) {
-            if (!push_msgpack(L, &o->via.array.ptr[i], depth + 1))
-                return false;
+            push_msgpack(L, &o->via.array.ptr[i]);
             lua_rawseti(L, -2, (lua_Integer)i + 1);
         }
-        return true;
+        return;
     case MSGPACK_OBJECT_MAP:
         lua_createtable(L, 0, (int)o->via.map.size);
         for (uint32_t i = 0; i < o->via.map.size; i++) {
             const msgpack_object_kv *kv = &o->via.map.ptr[i];
-            if (kv->key.type != MSGPACK_OBJECT_STR)
-                return false;
             lua_pushlstring(L, kv->key.via.str.ptr, kv->key.via.str.size);
-            if (!push_msgpack(L, &kv->val, depth + 1))
-                return false;
+            push_msgpack(L, &kv->val);
             lua_rawset(L, -3);
         }
-        return true;
-    default:
-        return false;
+        return;
+    default:        /* NIL, and nothing else gets past msgpack_is_plain */
+        lua_rawgetp(L, LUA_REGISTRYINDEX, &key_json);
+        lua_getfield(L, -1, "null");
+        lua_remove(L, -2);
+        return;
     }
+}
+
+struct argv_call {
+    const struct tool_def *tool;
+    const msgpack_object *args;
+    const struct policy_call_view *view;
+};
+
+static int push_argv(lua_State *L, const void *ud)
+{
+    const struct argv_call *c = ud;
+    push_engine_call(L, "argv", c->tool);
+    push_msgpack(L, c->args);
+    push_call_view(L, c->view);
+    return 4;
 }
 
 bool policy_argv(struct policy *p, const struct tool_def *t, const msgpack_object *args,
@@ -1429,18 +1571,20 @@ bool policy_argv(struct policy *p, const struct tool_def *t, const msgpack_objec
     lua_State *L = p->L;
     int top = lua_gettop(L);
     *reason = NULL;
-    push_engine_call(L, "argv", t);
-    if (!push_msgpack(L, args, 0)) {
-        lua_settop(L, top);
+    if (!msgpack_is_plain(args, 0)) {
         *reason = xstrdup("args: nested too deep or not JSON-like (string keys only)");
         return false;
     }
-    push_call_view(L, v);
+    struct argv_call c = {t, args, v};
+    struct hook_entry e = {push_argv, &c, 2, 1u << 1, 1};
     char *err = NULL;
-    enum policy_rc rc = policy_pcall(p, 4, 2, "argv", &err);
+    enum policy_rc rc = policy_enter(p, &e, "argv", &err);
     bool ok = false;
     if (rc != POLICY_OK) {
-        *reason = xasprintf("refused: the argv hook for %s failed", t->name);
+        *reason = xasprintf("refused: the argv hook for %s failed%s", t->name,
+                            rc == POLICY_NOMEM     ? " (memory cap exceeded)"
+                            : rc == POLICY_TIMEOUT ? " (instruction budget exceeded)"
+                                                   : "");
         free(err);
     } else if (!lua_istable(L, -2)) {
         const char *why = lua_tostring(L, -1);
@@ -1463,6 +1607,21 @@ bool policy_argv(struct policy *p, const struct tool_def *t, const msgpack_objec
     return ok;
 }
 
+struct output_call {
+    const struct tool_def *tool;
+    const char *text;
+    size_t len;
+};
+
+static int push_check_output(lua_State *L, const void *ud)
+{
+    const struct output_call *c = ud;
+    push_engine_call(L, "check_output", c->tool);
+    lua_pushlstring(L, c->text, c->len);
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_json);
+    return 4;
+}
+
 bool policy_check_output(struct policy *p, const struct tool_def *t, const char *text,
                          size_t len, char **reason)
 {
@@ -1470,12 +1629,11 @@ bool policy_check_output(struct policy *p, const struct tool_def *t, const char 
         return true;
     lua_State *L = p->L;
     int top = lua_gettop(L);
-    push_engine_call(L, "check_output", t);
-    lua_pushlstring(L, text, len);
-    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_json);
+    struct output_call c = {t, text, len};
+    struct hook_entry e = {push_check_output, &c, 2, 1u << 1, 0};
     bool ok = false;
     char *err = NULL;
-    if (policy_pcall(p, 4, 2, "output", &err) != POLICY_OK) {
+    if (policy_enter(p, &e, "output", &err) != POLICY_OK) {
         *reason = xasprintf("output check failed: %s", err ? err : "error");
     } else if (lua_toboolean(L, -2)) {
         ok = true;

@@ -17,6 +17,7 @@ from serve_helpers import ServeProc, one_line
 from stockade_testlib import FIXTURES
 
 POLICY = os.path.join(FIXTURES, "hook_memory.lua")
+BIG = "a" * (32 << 10)
 
 
 @pytest.fixture
@@ -37,12 +38,15 @@ def test_hook_that_fills_the_state_costs_its_calls_only(server):
     b = server.connect()
     try:
         with a.open_session() as sa:
+            # the hook swallows every refusal: its own call may pass, the state is full
+            sa.call("keeper", [])
+            # the next calls' views (32 KiB of argv) meet the cap: refused, in one line
             for i in range(3):
-                r = sa.call("keeper", [])
+                r = sa.call("keeper", [BIG])
                 assert r.class_ == "POLICY_VIOLATION", (i, r)
                 assert one_line(r.message) and "memory cap" in r.message, (i, r.message)
             # another hook of the same (full) state: refused the same way, fail closed
-            r = sa.call("guarded", ["yes"])
+            r = sa.call("guarded", [BIG])
             assert r.class_ == "POLICY_VIOLATION" and "memory cap" in r.message, r
         with b.open_session() as sb:
             for _ in range(3):
