@@ -210,6 +210,66 @@ enum policy_rc policy_pcall(struct policy *p, int nargs, int nres, const char *h
     return out;
 }
 
+/* Entering the state for a hook. The core's own pushes (the hook, the call's view, the
+ * output handed to redact and classify) and its reads of the results allocate in the
+ * policy's state, which may be at its memory cap: a hook can keep memory alive up to it,
+ * swallowing the refusals with pcall. A refused allocation outside a protected call is a
+ * Lua panic, which aborts the server; so all of it runs inside the protected call, and a
+ * refusal there costs the call its hook, like the hook's own. */
+struct hook_entry {
+    /* Push the function and its arguments; return how many arguments. */
+    int (*push)(lua_State *L, const void *ud);
+    const void *ud;
+    int nres;
+    /* Results 1..nres whose bit is set are read back as strings: numbers among them are
+     * converted here, where converting may raise, so that the caller's lua_tolstring
+     * never allocates. */
+    unsigned as_strings;
+    /* Also the strings of the list at this result (0: none): argv's. */
+    int list_of_strings;
+};
+
+static void convert_number(lua_State *L, int idx)
+{
+    if (lua_type(L, idx) == LUA_TNUMBER)
+        lua_tolstring(L, idx, NULL);    /* converts in place */
+}
+
+static int enter_hook(lua_State *L)
+{
+    const struct hook_entry *e = lua_touserdata(L, 1);
+    lua_pop(L, 1);
+    int nargs = e->push(L, e->ud);
+    lua_call(L, nargs, e->nres);
+    int first = lua_gettop(L) - e->nres + 1;
+    for (int i = 0; i < e->nres; i++)
+        if (e->as_strings & (1u << i))
+            convert_number(L, first + i);
+    if (e->list_of_strings && lua_istable(L, first + e->list_of_strings - 1)) {
+        int list = first + e->list_of_strings - 1;
+        lua_Integer n = (lua_Integer)lua_rawlen(L, list);
+        for (lua_Integer i = 1; i <= n; i++) {
+            if (lua_rawgeti(L, list, i) == LUA_TNUMBER) {
+                lua_tolstring(L, -1, NULL);
+                lua_rawseti(L, list, i);
+            } else {
+                lua_pop(L, 1);
+            }
+        }
+    }
+    return e->nres;
+}
+
+/* The budgeted, protected entry: e->nres results on POLICY_OK, nothing otherwise. */
+static enum policy_rc policy_enter(struct policy *p, const struct hook_entry *e,
+                                   const char *hook, char **err)
+{
+    /* A light C function and a light userdata: neither allocates. */
+    lua_pushcfunction(p->L, enter_hook);
+    lua_pushlightuserdata(p->L, (void *)e);
+    return policy_pcall(p, 1, e->nres, hook, err);
+}
+
 /* ---- the C side of the stockade module ------------------------------------------------ */
 
 static int l_core_duration(lua_State *L)
@@ -604,8 +664,8 @@ static int open_state(lua_State *L)
 
 /* ---- reading the normalized policy table ------------------------------------------- */
 
-/* t[section][key] as an integer; 0 when either is absent. Raw reads: nothing here may
- * raise (the loader runs this outside a protected call). */
+/* t[section][key] as an integer; 0 when either is absent. Raw reads: the settings are
+ * what the table holds, not what a metamethod answers. */
 static int64_t get_int(lua_State *L, int t, const char *section, const char *key)
 {
     lua_pushstring(L, section);
@@ -859,9 +919,30 @@ static struct redact_rules *compile_redact_rules(lua_State *L, size_t hold, char
 /* engine.init(P, env): each tool's redaction chain; read back what the C fast path
  * needs. The environment is given to the engine only (for the values of denied names),
  * never to the policy. */
-static enum policy_rc init_engine(struct policy *p, char **err)
+/* What the policy file returned (argument 1), read inside a protected call: the file may
+ * have left the state at its cap, or returned a table whose metamethods raise, and
+ * neither may panic the loader (nor `policy.reload`, which aborted the server). */
+static int read_policy(lua_State *L)
 {
-    lua_State *L = p->L;
+    struct policy *p = policy_of(L);
+    if (!lua_istable(L, 1))
+        return luaL_error(L, "must return stockade.policy{...}, returned %s",
+                          luaL_typename(L, 1));
+    lua_settop(L, 1);
+    if (lua_getfield(L, 1, "timeouts") != LUA_TTABLE)
+        return luaL_error(L, "must return stockade.policy{...}");
+    lua_pop(L, 1);
+    read_settings(p, 1);
+    read_tools(p, 1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_policy_table);
+    return 0;
+}
+
+/* engine.init(P, environ), built inside the protected call. */
+static int push_engine_init(lua_State *L, const void *ud)
+{
+    (void)ud;
+    luaL_checkstack(L, 6, "init");
     lua_rawgetp(L, LUA_REGISTRYINDEX, &key_engine);
     lua_getfield(L, -1, "init");
     lua_remove(L, -2);
@@ -875,7 +956,14 @@ static enum policy_rc init_engine(struct policy *p, char **err)
         lua_pushstring(L, eq + 1);
         lua_settable(L, -3);
     }
-    enum policy_rc rc = policy_pcall(p, 2, 1, "init", err);
+    return 2;
+}
+
+static enum policy_rc init_engine(struct policy *p, char **err)
+{
+    lua_State *L = p->L;
+    struct hook_entry e = {push_engine_init, NULL, 1, 0, 0};
+    enum policy_rc rc = policy_enter(p, &e, "init", err);
     if (rc != POLICY_OK)
         return rc;
     struct redact_rules *shared = NULL;
@@ -963,24 +1051,10 @@ struct policy *policy_load(const char *path, char **err)
     p->loading = false;
     if (rc != POLICY_OK)
         goto fail_msg;
-    if (!lua_istable(L, -1)) {
-        *err = xasprintf("%s:%d: must return stockade.policy{...}, returned %s", path,
-                         p->load_line > 0 ? p->load_line : 1,
-                         luaL_typename(L, -1));
-        goto fail;
-    }
-    lua_getfield(L, -1, "timeouts");
-    bool shaped = lua_istable(L, -1);
-    lua_pop(L, 1);
-    if (!shaped) {
-        *err = xasprintf("%s:%d: must return stockade.policy{...}", path,
-                         p->load_line > 0 ? p->load_line : 1);
-        goto fail;
-    }
-    int t = lua_gettop(L);
-    read_settings(p, t);
-    read_tools(p, t);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_policy_table);
+    lua_pushcfunction(L, read_policy);
+    lua_insert(L, -2);
+    if (policy_pcall(p, 1, 0, "load", err) != POLICY_OK)
+        goto fail_msg;
     if (init_engine(p, err) != POLICY_OK)
         goto fail_msg;
     p->mem_limit = p->limits.lua_memory > 0 ? (size_t)p->limits.lua_memory : p->mem_limit;
@@ -1064,66 +1138,6 @@ const struct tool_def *policy_tool(const struct policy *p, const char *name)
 }
 
 /* ---- hooks ---------------------------------------------------------------------- */
-
-/* Entering the state for a hook. The core's own pushes (the hook, the call's view, the
- * output handed to redact and classify) and its reads of the results allocate in the
- * policy's state, which may be at its memory cap: a hook can keep memory alive up to it,
- * swallowing the refusals with pcall. A refused allocation outside a protected call is a
- * Lua panic, which aborts the server; so all of it runs inside the protected call, and a
- * refusal there costs the call its hook, like the hook's own. */
-struct hook_entry {
-    /* Push the function and its arguments; return how many arguments. */
-    int (*push)(lua_State *L, const void *ud);
-    const void *ud;
-    int nres;
-    /* Results 1..nres whose bit is set are read back as strings: numbers among them are
-     * converted here, where converting may raise, so that the caller's lua_tolstring
-     * never allocates. */
-    unsigned as_strings;
-    /* Also the strings of the list at this result (0: none): argv's. */
-    int list_of_strings;
-};
-
-static void convert_number(lua_State *L, int idx)
-{
-    if (lua_type(L, idx) == LUA_TNUMBER)
-        lua_tolstring(L, idx, NULL);    /* converts in place */
-}
-
-static int enter_hook(lua_State *L)
-{
-    const struct hook_entry *e = lua_touserdata(L, 1);
-    lua_pop(L, 1);
-    int nargs = e->push(L, e->ud);
-    lua_call(L, nargs, e->nres);
-    int first = lua_gettop(L) - e->nres + 1;
-    for (int i = 0; i < e->nres; i++)
-        if (e->as_strings & (1u << i))
-            convert_number(L, first + i);
-    if (e->list_of_strings && lua_istable(L, first + e->list_of_strings - 1)) {
-        int list = first + e->list_of_strings - 1;
-        lua_Integer n = (lua_Integer)lua_rawlen(L, list);
-        for (lua_Integer i = 1; i <= n; i++) {
-            if (lua_rawgeti(L, list, i) == LUA_TNUMBER) {
-                lua_tolstring(L, -1, NULL);
-                lua_rawseti(L, list, i);
-            } else {
-                lua_pop(L, 1);
-            }
-        }
-    }
-    return e->nres;
-}
-
-/* The budgeted, protected entry: e->nres results on POLICY_OK, nothing otherwise. */
-static enum policy_rc policy_enter(struct policy *p, const struct hook_entry *e,
-                                   const char *hook, char **err)
-{
-    /* A light C function and a light userdata: neither allocates. */
-    lua_pushcfunction(p->L, enter_hook);
-    lua_pushlightuserdata(p->L, (void *)e);
-    return policy_pcall(p, 1, e->nres, hook, err);
-}
 
 static void push_call_view(lua_State *L, const struct policy_call_view *v)
 {

@@ -469,6 +469,22 @@ static void test_hook_keeps_memory(void)
     policy_unref(p);
 }
 
+/* What a policy file returns is read inside a protected call: a returned table whose
+ * metamethods raise is a load error (FILE:LINE: the message), not a Lua panic that
+ * aborts the loader, and with it a server on `policy.reload`. */
+static void test_load_reads_protected(void)
+{
+    char *err = load_error("meta.lua",
+        "local stockade = require 'stockade'\n"
+        "local p = stockade.policy { tools = { t = stockade.tool { path = '/bin/true' } } }\n"
+        "return setmetatable({ timeouts = p.timeouts },\n"
+        "  { __index = function(_, k) error('no field ' .. k, 0) end })\n");
+    CHECK(err && strstr(err, "meta.lua:") && strstr(err, "no field") && !strchr(err, '\n'));
+    if (!(err && strstr(err, "no field")))
+        fprintf(stderr, "  meta.lua: %s\n", err ? err : "(null)");
+    free(err);
+}
+
 int main(void)
 {
     if (!mkdtemp(dir))
@@ -480,6 +496,7 @@ int main(void)
     test_refcount();
     test_require_under_memory_cap();
     test_hook_keeps_memory();
+    test_load_reads_protected();
     char *cmd = xasprintf("rm -rf '%s'", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
