@@ -34,6 +34,7 @@ static char key_policy_env_base;
 static char key_engine;         /* lua/engine.lua */
 static char key_policy_table;   /* the normalized table stockade.policy{} returned */
 static char key_json;           /* lua-cjson */
+static char key_errerr;         /* "error in error handling", kept interned */
 
 static struct policy *policy_of(lua_State *L)
 {
@@ -107,23 +108,45 @@ const char *policy_last_error(const struct policy *p)
     return p->last_error;
 }
 
-/* "file:line" where the running tool's hook `hook` is defined, or NULL. */
+static int hook_where_protected(lua_State *L)
+{
+    const char *hook = lua_touserdata(L, 1);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, policy_of(L)->hook_tool->ref);
+    if (lua_istable(L, -1) && lua_getfield(L, -1, hook) == LUA_TFUNCTION) {
+        lua_Debug ar;
+        if (lua_getinfo(L, ">S", &ar) && ar.linedefined > 0) {
+            lua_pushfstring(L, "%s:%d", ar.short_src, ar.linedefined);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* "file:line" where the running tool's hook `hook` is defined, or NULL. In a protected
+ * call: the state may be at its cap, and the tool table is the policy's to change. */
 static char *hook_where(struct policy *p, const char *hook)
 {
     lua_State *L = p->L;
-    if (!p->hook_tool || !lua_checkstack(L, 4))
+    if (!p->hook_tool)
         return NULL;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, p->hook_tool->ref);
+    lua_pushcfunction(L, hook_where_protected);
+    lua_pushlightuserdata(L, (void *)hook);
     char *where = NULL;
-    if (lua_istable(L, -1) && lua_getfield(L, -1, hook) == LUA_TFUNCTION) {
-        lua_Debug ar;
-        if (lua_getinfo(L, ">S", &ar) && ar.linedefined > 0)
-            where = xasprintf("%s:%d", ar.short_src, ar.linedefined);
-        lua_pop(L, 1);
-    } else {
-        lua_pop(L, lua_istable(L, -1) ? 2 : 1);
-    }
+    if (lua_pcall(L, 1, 1, 0) == LUA_OK && lua_type(L, -1) == LUA_TSTRING)
+        where = xstrdup(lua_tostring(L, -1));
+    lua_pop(L, 1);
     return where;
+}
+
+/* Every entry into the state is a protected call, so this should never run; if it does,
+ * the state is unusable and Lua aborts when this returns: say why first, in one line. */
+static int policy_panic(lua_State *L)
+{
+    struct policy *p = policy_of(L);
+    const char *msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    LOG_E("policy %s: Lua error outside a protected call, aborting: %.200s",
+          p && p->path ? p->path : "?", msg ? msg : "(not a string)");
+    return 0;
 }
 
 static int message_handler(lua_State *L)
@@ -185,7 +208,8 @@ enum policy_rc policy_pcall(struct policy *p, int nargs, int nres, const char *h
                                                               : POLICY_ERR;
     char *msg = out == POLICY_NOMEM     ? xstrdup("memory cap exceeded")
                 : out == POLICY_TIMEOUT ? xstrdup("instruction budget exceeded")
-                                        : first_line(lua_tostring(L, -1));
+                                        : first_line(lua_type(L, -1) == LUA_TSTRING
+                                                         ? lua_tostring(L, -1) : NULL);
     lua_pop(L, 1);
     /* Every failure is logged where an operator looks: the tool, the hook and where
      * the hook is defined, since the fallback the caller applies is silent. */
@@ -580,6 +604,10 @@ static int open_state(lua_State *L)
         luaL_requiref(L, l->name, l->func, 1);
         lua_pop(L, 1);
     }
+    /* Lua makes this message after a protected call whose error handler failed, outside
+     * the call: interned for good here, making it never allocates (nor can be refused). */
+    lua_pushliteral(L, "error in error handling");
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_errerr);
     /* string.dump makes binary chunks. */
     lua_getglobal(L, "string");
     lua_pushnil(L);
@@ -919,6 +947,14 @@ static struct redact_rules *compile_redact_rules(lua_State *L, size_t hold, char
 /* engine.init(P, env): each tool's redaction chain; read back what the C fast path
  * needs. The environment is given to the engine only (for the values of denied names),
  * never to the policy. */
+/* The policy chunk (argument 1) with its own environment, made in a protected call. */
+static int give_chunk_env(lua_State *L)
+{
+    push_env(L, true);
+    lua_setupvalue(L, 1, 1);
+    return 1;
+}
+
 /* What the policy file returned (argument 1), read inside a protected call: the file may
  * have left the state at its cap, or returned a table whose metamethods raise, and
  * neither may panic the loader (nor `policy.reload`, which aborted the server). */
@@ -1031,6 +1067,7 @@ struct policy *policy_load(const char *path, char **err)
     }
     lua_State *L = p->L;
     *(struct policy **)lua_getextraspace(L) = p;
+    lua_atpanic(L, policy_panic);
 
     lua_pushcfunction(L, open_state);
     if (policy_pcall(p, 0, 0, "open", err) != POLICY_OK)
@@ -1044,8 +1081,10 @@ struct policy *policy_load(const char *path, char **err)
         lua_pop(L, 1);
         goto fail;
     }
-    push_env(L, true);
-    lua_setupvalue(L, -2, 1);
+    lua_pushcfunction(L, give_chunk_env);
+    lua_insert(L, -2);
+    if (policy_pcall(p, 1, 1, "load", err) != POLICY_OK)
+        goto fail_msg;
     p->loading = true;
     rc = policy_pcall(p, 0, 1, "load", err);
     p->loading = false;
@@ -1794,7 +1833,8 @@ static void copy_value(lua_State *from, int idx, lua_State *to, int depth)
         return;
     }
     case LUA_TTABLE:
-        if (depth > 24) {
+        /* lua_checkstack reports a refused allocation instead of raising */
+        if (depth > 24 || !lua_checkstack(from, 4)) {
             lua_pushstring(to, "(nested too deep)");
             return;
         }

@@ -8,7 +8,9 @@
 #include <malloc.h>
 #include <msgpack.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char dir[] = "/tmp/stockade-test-policy-XXXXXX";
@@ -485,6 +487,43 @@ static void test_load_reads_protected(void)
     free(err);
 }
 
+/* No entry into the state raises outside a protected call any more; if one ever does,
+ * the abort that follows is named in the log, one line, not silent. */
+static void test_panic_is_logged(void)
+{
+    struct policy *p = hostile();
+    CHECK(p != NULL);
+    if (!p)
+        return;
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        log_fd = fds[1];
+        signal(SIGABRT, SIG_DFL);
+        lua_pushstring(p->L, "a raise nothing catches");
+        lua_error(p->L);
+        _exit(0);
+    }
+    close(fds[1]);
+    char out[4096];
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof out - 1 && (r = read(fds[0], out + n, sizeof out - 1 - n)) > 0)
+        n += (size_t)r;
+    out[n] = 0;
+    close(fds[0]);
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+    CHECK(strstr(out, "outside a protected call") && strstr(out, "a raise nothing catches"));
+    if (!strstr(out, "a raise nothing catches"))
+        fprintf(stderr, "  the log said: %s\n", out);
+    policy_unref(p);
+}
+
 int main(void)
 {
     if (!mkdtemp(dir))
@@ -497,6 +536,7 @@ int main(void)
     test_require_under_memory_cap();
     test_hook_keeps_memory();
     test_load_reads_protected();
+    test_panic_is_logged();
     char *cmd = xasprintf("rm -rf '%s'", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
