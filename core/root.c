@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdio.h>
 #include <linux/openat2.h>
 #include <stdlib.h>
 #include <string.h>
@@ -345,6 +346,45 @@ static void note_failed(struct remove_walk *w, dev_t dev, ino_t ino)
     w->failed[w->nfailed++] = (struct dir_id){dev, ino};
 }
 
+/* A tool may leave a directory of its own without read, write or search permission for
+ * its owner (chmod 555, 000). A supervisor without CAP_DAC_OVERRIDE removes the tree as
+ * that owner, so it gives the owner's permissions back first; only on a directory it
+ * owns, and only through a descriptor that pins it (never by path: the name may have
+ * been swapped for a symlink). A root supervisor's tools have other uids: nothing to do. */
+static void grant_owner_rwx(int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid() &&
+        (st.st_mode & 0700) != 0700)
+        fchmod(fd, (st.st_mode & 07777) | 0700);
+}
+
+/* Open directory `name` of `at` for the walk: never through a symlink. One its owner
+ * cannot read is pinned with O_PATH, checked (a directory, ours, on `dev`), given its
+ * owner's permissions back through /proc/self/fd (fchmod refuses an O_PATH descriptor),
+ * and opened again. -1 with errno otherwise. */
+static int open_dir_to_remove(int at, const char *name, dev_t dev)
+{
+    const int flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+    int fd = openat(at, name, flags);
+    if (fd >= 0 || errno != EACCES || geteuid() == 0)
+        return fd;
+    int pin = openat(at, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (pin < 0)
+        return -1;
+    if (fstat(pin, &st) == 0 && st.st_dev == dev && st.st_uid == geteuid()) {
+        char link[64];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", pin);
+        if (chmod(link, (st.st_mode & 07777) | 0700) == 0)
+            fd = openat(pin, ".", flags);
+    }
+    int saved = errno;
+    close(pin);
+    errno = fd >= 0 ? 0 : saved ? saved : EACCES;
+    return fd;
+}
+
 /* One pass over `fd` (frame f): unlink every non-directory, remove empty directories in
  * place, and keep the names of the others (up to REMOVE_BATCH_BYTES) in f->batch. The
  * pass reads the directory from its start: what earlier passes removed is gone, so it
@@ -356,6 +396,7 @@ static void remove_pass(int fd, struct remove_frame *f, struct remove_walk *w)
     f->batch_len = f->batch_pos = 0;
     size_t cap = 0;
     w->stats->passes++;
+    grant_owner_rwx(fd);
     if (++f->passes > w->stats->max_dir_passes)
         w->stats->max_dir_passes = f->passes;
     /* its own open file description: the walk's fd keeps no offset of ours */
@@ -414,7 +455,7 @@ static void remove_pass(int fd, struct remove_frame *f, struct remove_walk *w)
  * it has been dealt with: removed as what it turned into, or noted as failed). */
 static int remove_descend(int cur, const char *sub, struct remove_walk *w)
 {
-    int child = openat(cur, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int child = open_dir_to_remove(cur, sub, w->root_dev);
     struct stat st;
     if (child >= 0 && fstat(child, &st) == 0 && st.st_dev == w->root_dev)
         return child;
@@ -463,7 +504,7 @@ int root_remove_tree_counted(int dirfd, const char *name, struct root_remove_sta
     struct stat base;
     if (fstat(dirfd, &base) < 0)
         return -1;
-    int cur = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int cur = open_dir_to_remove(dirfd, name, top.st_dev);
     if (cur < 0)
         return -1;
 

@@ -8,10 +8,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* In memory when /dev/shm is there: what is checked is the walk's passes, which do not
@@ -191,6 +193,73 @@ static void test_mixed_and_outside(void)
         close(out);
 }
 
+/* A tool that owns its files takes its own permissions away (chmod 555 on a directory
+ * of thousands, 000 and 300 on others) before the session ends. A supervisor that is not
+ * root removes the tree as the same owner, without CAP_DAC_OVERRIDE: the walk must give
+ * the owner's permissions back, or the root stays (and a close is retried forever). Run
+ * as an unprivileged uid: in a child as nobody when the suite runs as root. */
+static int unwritable_cases(int dir)
+{
+    int top = mkdir_open(dir, "locked-top");
+    if (top < 0)
+        return 1;
+    int made = 0;
+    for (int i = 0; i < 3000; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "d%d", i);
+        int d = mkdir_open(top, name);
+        if (d < 0)
+            break;
+        if (i % 3 == 0)
+            touch_at(d, "f");
+        if (i % 500 == 1)
+            fchmod(d, 0);
+        else if (i % 500 == 2)
+            fchmod(d, 0300);
+        else if (i % 500 == 3)
+            fchmod(d, 0500);
+        close(d);
+        made++;
+    }
+    fchmod(top, 0555);
+    close(top);
+    if (made != 3000)
+        return 2;
+    struct root_remove_stats s;
+    int rc = root_remove_tree_counted(dir, "locked-top", &s);
+    struct stat st;
+    bool is_gone = fstatat(dir, "locked-top", &st, AT_SYMLINK_NOFOLLOW) < 0 && errno == ENOENT;
+    if (rc != 0 || !is_gone) {
+        fprintf(stderr, "locked tree: rc %d, %s\n", rc, is_gone ? "gone" : "still there");
+        return 3;
+    }
+    return 0;
+}
+
+static void test_unwritable_dirs_of_their_owner(void)
+{
+    if (geteuid() != 0) {
+        CHECK(unwritable_cases(base_fd) == 0);
+        return;
+    }
+    const uid_t nobody = 65534;
+    CHECK(mkdirat(base_fd, "as-nobody", 0700) == 0);
+    CHECK(fchownat(base_fd, "as-nobody", nobody, nobody, 0) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int dir = openat(base_fd, "as-nobody", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dir < 0 || setgroups(0, NULL) < 0 || setresgid(nobody, nobody, nobody) < 0 ||
+            setresuid(nobody, nobody, nobody) < 0)
+            _exit(9);
+        _exit(unwritable_cases(dir));
+    }
+    int status = -1;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fprintf(stderr, "unwritable dirs as nobody: status %#x\n", status);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 int main(void)
 {
     struct stat st;
@@ -207,6 +276,7 @@ int main(void)
     test_more_than_a_batch();
     test_deep_with_few_descriptors();
     test_mixed_and_outside();
+    test_unwritable_dirs_of_their_owner();
     close(base_fd);
     check_remove_dir(base);
     return check_report("test_remove");
