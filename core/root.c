@@ -301,10 +301,17 @@ int root_usage_at(int topfd, int64_t max_bytes, int64_t max_inodes, struct root_
     return rc;
 }
 
-/* Names of subdirectories one pass over a directory keeps for the walk to descend into:
- * at most this many bytes of them per directory (more subdirectories than that cost one
- * more pass per batch, not one per subdirectory). */
+/* Names of subdirectories the passes keep for the walk to descend into: at most this
+ * many bytes of them over the whole walk, the levels above included (more subdirectories
+ * than that cost one more pass per batch, not one per subdirectory). A level whose
+ * ancestors hold the budget still gets REMOVE_BATCH_MIN: a tree wide at every level
+ * costs passes, not depth × the budget in memory. */
 #define REMOVE_BATCH_BYTES (1u << 20)
+#define REMOVE_BATCH_MIN (8u << 10)
+/* Directories that could not be removed are remembered so that a pass skips them; past
+ * this many the walk gives up (the removal is retried later) rather than keep searching a
+ * list that a hostile tree could make long. */
+#define REMOVE_MAX_FAILED 4096
 
 /* One level of the walk: the name to remove in the parent, the parent's identity so that
  * climbing back with ".." is checked rather than trusted, and the subdirectories the last
@@ -327,6 +334,7 @@ struct remove_walk {
     dev_t root_dev;
     struct dir_id *failed;      /* directories that could not be removed: not retried */
     size_t nfailed, failcap;
+    size_t batch_held;          /* bytes of names held by every frame's batch */
     int errors;
     struct root_remove_stats *stats;
 };
@@ -385,16 +393,24 @@ static int open_dir_to_remove(int at, const char *name, dev_t dev)
     return fd;
 }
 
+static void frame_drop_batch(struct remove_frame *f, struct remove_walk *w)
+{
+    w->batch_held -= f->batch_len;
+    free(f->batch);
+    f->batch = NULL;
+    f->batch_len = f->batch_pos = 0;
+}
+
 /* One pass over `fd` (frame f): unlink every non-directory, remove empty directories in
  * place, and keep the names of the others (up to REMOVE_BATCH_BYTES) in f->batch. The
  * pass reads the directory from its start: what earlier passes removed is gone, so it
  * sees only what is left. */
 static void remove_pass(int fd, struct remove_frame *f, struct remove_walk *w)
 {
-    free(f->batch);
-    f->batch = NULL;
-    f->batch_len = f->batch_pos = 0;
+    frame_drop_batch(f, w);
     size_t cap = 0;
+    size_t room = w->batch_held + REMOVE_BATCH_MIN < REMOVE_BATCH_BYTES
+                      ? REMOVE_BATCH_BYTES - w->batch_held : REMOVE_BATCH_MIN;
     w->stats->passes++;
     grant_owner_rwx(fd);
     if (++f->passes > w->stats->max_dir_passes)
@@ -436,7 +452,7 @@ static void remove_pass(int fd, struct remove_frame *f, struct remove_walk *w)
         if (unlinkat(fd, de->d_name, AT_REMOVEDIR) == 0 || errno == ENOENT)
             continue;
         size_t n = strlen(de->d_name) + 1;
-        if (f->batch_len + n > REMOVE_BATCH_BYTES)
+        if (f->batch_len + n > room)
             break;              /* the next pass takes the rest */
         if (f->batch_len + n > cap) {
             cap = cap ? cap * 2 : 4096;
@@ -446,6 +462,9 @@ static void remove_pass(int fd, struct remove_frame *f, struct remove_walk *w)
         }
         memcpy(f->batch + f->batch_len, de->d_name, n);
         f->batch_len += n;
+        w->batch_held += n;
+        if (w->batch_held > w->stats->max_batch_held)
+            w->stats->max_batch_held = w->batch_held;
     }
     closedir(d);
 }
@@ -494,7 +513,7 @@ int root_remove_tree_at(int dirfd, const char *name)
  * subdirectories (10,000 directories of one file took 4.8 s on ext4; 0.9 s now). */
 int root_remove_tree_counted(int dirfd, const char *name, struct root_remove_stats *stats)
 {
-    *stats = (struct root_remove_stats){0, 0, 0};
+    *stats = (struct root_remove_stats){0};
     struct stat top;
     if (fstatat(dirfd, name, &top, AT_SYMLINK_NOFOLLOW) < 0)
         return errno == ENOENT ? 0 : -1;
@@ -515,7 +534,7 @@ int root_remove_tree_counted(int dirfd, const char *name, struct root_remove_sta
     stack[depth++] = (struct remove_frame){.name = xstrdup(name), .parent_dev = base.st_dev,
                                            .parent_ino = base.st_ino};
 
-    while (depth > 0) {
+    while (depth > 0 && w.nfailed <= REMOVE_MAX_FAILED) {
         struct remove_frame *f = &stack[depth - 1];
         if (f->batch_pos >= f->batch_len)
             remove_pass(cur, f, &w);
@@ -524,9 +543,7 @@ int root_remove_tree_counted(int dirfd, const char *name, struct root_remove_sta
             f->batch_pos += strlen(sub) + 1;
             if (f->batch_pos >= f->batch_len) {
                 /* the last of the batch: its room is not held during the descent */
-                free(f->batch);
-                f->batch = NULL;
-                f->batch_len = f->batch_pos = 0;
+                frame_drop_batch(f, &w);
             }
             struct stat here;
             int child = fstat(cur, &here) == 0 ? remove_descend(cur, sub, &w) : -1;
@@ -543,7 +560,7 @@ int root_remove_tree_counted(int dirfd, const char *name, struct root_remove_sta
         }
         /* `cur` holds nothing more we can remove: climb and remove it. */
         struct remove_frame done = stack[--depth];
-        free(done.batch);
+        frame_drop_batch(&done, &w);
         struct stat self;
         fstat(cur, &self);
         int parent;

@@ -58,6 +58,7 @@ int root_remove_tree_at(int dirfd, const char *name);
  * them as holes), the most passes over any one directory, and entries read. */
 struct root_remove_stats {
     uint64_t passes, max_dir_passes, entries_read;
+    uint64_t max_batch_held;    /* most bytes of names the walk held at once */
 };
 int root_remove_tree_counted(int dirfd, const char *name, struct root_remove_stats *stats);
 

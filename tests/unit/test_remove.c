@@ -193,6 +193,44 @@ static void test_mixed_and_outside(void)
         close(out);
 }
 
+/* Wide at every level: 60 levels, each with 400 subdirectories of one file and long
+ * names, the way down made last (so a pass meets it first and the rest of the level's
+ * names wait while the walk is below). The names the walk holds at once stay within one
+ * budget for the whole walk, not a budget per level (60 × 100 KB here). */
+static void test_wide_at_every_level(void)
+{
+    int cur = mkdir_open(base_fd, "wide-deep");
+    CHECK(cur >= 0);
+    char name[256];
+    memset(name, 'w', 240);
+    int levels = 0;
+    for (int i = 0; i < 60 && cur >= 0; i++) {
+        for (int j = 0; j < 400; j++) {
+            snprintf(name + 240, sizeof name - 240, "%d", j);
+            int d = mkdir_open(cur, name);
+            if (d >= 0) {
+                touch_at(d, "f");
+                close(d);
+            }
+        }
+        int next = mkdir_open(cur, "down");
+        close(cur);
+        cur = next;
+        levels++;
+    }
+    if (cur >= 0)
+        close(cur);
+    CHECK(levels == 60);
+    struct root_remove_stats s;
+    CHECK(root_remove_tree_counted(base_fd, "wide-deep", &s) == 0);
+    CHECK(gone("wide-deep"));
+    const uint64_t bound = (1u << 20) + 60 * ((8u << 10) + 256);
+    if (s.max_batch_held > bound)
+        fprintf(stderr, "wide at every level: %llu bytes of names held at once (bound %llu)\n",
+                (unsigned long long)s.max_batch_held, (unsigned long long)bound);
+    CHECK(s.max_batch_held <= bound);
+}
+
 /* A tool that owns its files takes its own permissions away (chmod 555 on a directory
  * of thousands, 000 and 300 on others) before the session ends. A supervisor that is not
  * root removes the tree as the same owner, without CAP_DAC_OVERRIDE: the walk must give
@@ -277,6 +315,7 @@ int main(void)
     test_deep_with_few_descriptors();
     test_mixed_and_outside();
     test_unwritable_dirs_of_their_owner();
+    test_wide_at_every_level();
     close(base_fd);
     check_remove_dir(base);
     return check_report("test_remove");
