@@ -180,8 +180,8 @@ $(FZ)/%.o: core/%.c $(wildcard core/*.h) $(FZ)/version.h | $(FZ)/.dir
 	clang $(FZ_FLAGS) -c -o $@ $<
 $(FZ)/version.h: $(B)/version.h | $(FZ)/.dir
 	cp $< $@
-$(FZ)/lua_embed.c: $(LUA_SRC) $(PLUGIN_SRC) contrib/embed-lua.sh | $(FZ)/.dir
-	sh contrib/embed-lua.sh $(LUA_SRC) $(PLUGIN_SRC) > $@
+$(FZ)/lua_embed.c: $(LUA_SRC) $(PLUGIN_SRC) contrib/embed-lua.sh $(B)/lua-dump | $(FZ)/.dir
+	sh contrib/embed-lua.sh $(B)/lua-dump $(LUA_SRC) $(PLUGIN_SRC) > $@.tmp && mv -f $@.tmp $@
 $(FZ)/lua_embed.o: $(FZ)/lua_embed.c
 	clang $(FZ_FLAGS) -c -o $@ $<
 # fuzz_rpc, and fuzz_mcp over `stockade mcp`'s JSON-RPC decoder and dispatcher, the same
