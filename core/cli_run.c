@@ -241,6 +241,10 @@ int cli_run(int argc, char **argv)
          * survive our crash, not the machine's (record.h); a kept root's is durable */
         .unsynced = session_id == NULL,
     };
+    /* alive while this process is, whatever pid namespace a reader is in */
+    int holder_fd = record_holder_take(state_dir, rec.holder);
+    if (holder_fd < 0)
+        die("state dir %s: the run's lock: %s", state_dir, strerror(errno));
     snprintf(rec.isolation, sizeof rec.isolation, "%s", policy->isolation);
     snprintf(rec.policy_sha256, sizeof rec.policy_sha256, "%s", policy->sha256);
     struct session *session = session_open_recorded(state_dir, session_id, session_id != NULL,
@@ -287,6 +291,7 @@ int cli_run(int argc, char **argv)
     call_free(ctx.call);
     if (session_close(session) < 0 && status == 0)
         status = 125;
+    record_holder_drop(state_dir, rec.holder, holder_fd);
     policy_unref(policy);
     proc_shutdown();
     ev_loop_destroy(loop);

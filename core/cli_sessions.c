@@ -47,7 +47,7 @@ static bool root_exists(const char *state_dir, const char *id)
 
 /* What the row is, in one word: open, closing, expired, kept, orphan (a root with no
  * record), no-root (a record with no root). */
-static const char *entry_status(const struct entry *e, int64_t now)
+static const char *entry_status(const char *state_dir, const struct entry *e, int64_t now)
 {
     if (!e->has_record)
         return "orphan";
@@ -57,7 +57,7 @@ static const char *entry_status(const struct entry *e, int64_t now)
         return "kept";
     if (e->rec.state == RECORD_CLOSING)
         return "closing";
-    return record_expired(&e->rec, now) ? "expired" : "open";
+    return record_expired(state_dir, &e->rec, now) ? "expired" : "open";
 }
 
 /* Every record and every root of the state dir, merged by id. False on error (printed). */
@@ -115,7 +115,7 @@ static void entry_json(struct buf *b, const struct entry *e, const char *state_d
 {
     buf_append_lit(b, "{\"session_id\":");
     json_cstr(b, e->id);
-    buf_printf(b, ",\"status\":\"%s\",\"root\":", entry_status(e, now));
+    buf_printf(b, ",\"status\":\"%s\",\"root\":", entry_status(state_dir, e, now));
     char *root = xasprintf("%s/sessions/%s", state_dir, e->id);
     json_cstr(b, e->has_root ? root : NULL);
     free(root);
@@ -172,7 +172,7 @@ static int sessions_list(const char *state_dir, bool json)
             char uid[16] = "-";
             if (e->has_record)
                 snprintf(uid, sizeof uid, "%u", (unsigned)e->rec.uid);
-            printf("%-40s %-8s %-6s %-9s %-9s %10s %10s\n", e->id, entry_status(e, now),
+            printf("%-40s %-8s %-6s %-9s %-9s %10s %10s\n", e->id, entry_status(state_dir, e, now),
                    !e->has_record ? "-" : record_owner_name(e->rec.owner), uid,
                    e->has_record && e->rec.isolation[0] ? e->rec.isolation : "-", lease, fuse);
         }
@@ -202,7 +202,7 @@ static int sessions_show(const char *state_dir, const char *id, bool json)
         write_all(1, b.data, b.len);
         buf_free(&b);
     } else {
-        printf("session:   %s\nstatus:    %s\n", id, entry_status(&e, now));
+        printf("session:   %s\nstatus:    %s\n", id, entry_status(state_dir, &e, now));
         if (e.has_root)
             printf("root:      %s/sessions/%s\n", state_dir, id);
         if (e.has_record) {
@@ -241,8 +241,12 @@ static int sessions_lock(const char *state_dir, const char *what)
  * handed out while files it owns remain), then its record. */
 static bool session_discard(const char *state_dir, const struct entry *e, char **err)
 {
-    if (e->has_record && !e->rec.kept && e->rec.owner != RECORD_SERVE &&
-        !record_expired(&e->rec, 0)) {
+    /* a kept session's too while its run runs (only its holder can say: a pid can be
+     * reused) */
+    bool running = e->has_record && e->rec.owner != RECORD_SERVE &&
+                   (e->rec.kept ? e->rec.holder[0] && record_process_alive(state_dir, &e->rec) == 1
+                                : !record_expired(state_dir, &e->rec, 0));
+    if (running) {
         *err = xasprintf("its `stockade %s` (pid %d) is still running",
                          record_owner_name(e->rec.owner), (int)e->rec.pid);
         return false;
@@ -326,7 +330,7 @@ static int sessions_gc(const char *state_dir, bool json)
     unsigned removed = 0;
     for (size_t i = 0; i < n; i++) {
         struct entry *e = &v[i];
-        const char *status = entry_status(e, now);
+        const char *status = entry_status(state_dir, e, now);
         if (strcmp(status, "open") == 0 || strcmp(status, "kept") == 0)
             continue;
         char *err = NULL;
@@ -348,6 +352,7 @@ static int sessions_gc(const char *state_dir, bool json)
         removed++;
     }
     buf_append_lit(&b, "]}\n");
+    record_holders_sweep(state_dir);    /* the locks crashed runs left */
     if (json)
         write_all(1, b.data, b.len);
     buf_free(&b);

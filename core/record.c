@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -114,10 +115,11 @@ static bool label_parse(struct session_record *r, char *v)
 static void record_format(struct buf *b, const struct session_record *r)
 {
     buf_printf(b, RECORD_MAGIC "\nid %s\nowner %s\nstate %s\nkept %d\nservice_uid %d\n"
-                  "uid %u\nclient_uid %u\npid %d\nisolation %s\npolicy_sha256 %s\ncreated_ms %" PRId64
+                  "uid %u\nclient_uid %u\npid %d\nholder %s\nisolation %s\npolicy_sha256 %s\ncreated_ms %" PRId64
                   "\nttl_ms %" PRId64 "\nlease_at_ms %" PRId64 "\nfuse_at_ms %" PRId64 "\n",
                r->id, owner_names[r->owner], state_names[r->state], r->kept, r->service_uid,
-               (unsigned)r->uid, (unsigned)r->client_uid, (int)r->pid, r->isolation[0] ? r->isolation : "-",
+               (unsigned)r->uid, (unsigned)r->client_uid, (int)r->pid,
+               r->holder[0] ? r->holder : "-", r->isolation[0] ? r->isolation : "-",
                r->policy_sha256[0] ? r->policy_sha256 : "-", r->created_ms, r->ttl_ms,
                r->lease_at_ms, r->fuse_at_ms);
     for (char **l = r->labels; l && l[0] && l[1]; l += 2) {
@@ -197,6 +199,20 @@ static bool copy_word(char *dst, size_t n, const char *v)
     return true;
 }
 
+#define HOLDER_PREFIX ".holder."
+
+/* ".holder." and 32 hex digits: a name in the records dir that no id can take. */
+static bool holder_name_valid(const char *name)
+{
+    size_t n = strlen(HOLDER_PREFIX);
+    if (strncmp(name, HOLDER_PREFIX, n) != 0 || strlen(name) != n + 32)
+        return false;
+    for (const char *p = name + n; *p; p++)
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+            return false;
+    return true;
+}
+
 static bool record_parse_line(struct session_record *r, char *line)
 {
     char *v = strchr(line, ' ');
@@ -220,6 +236,8 @@ static bool record_parse_line(struct session_record *r, char *line)
     }
     if (!strcmp(line, "isolation"))
         return copy_word(r->isolation, sizeof r->isolation, v);
+    if (!strcmp(line, "holder"))
+        return copy_word(r->holder, sizeof r->holder, v) && (!r->holder[0] || holder_name_valid(r->holder));
     if (!strcmp(line, "policy_sha256"))
         return copy_word(r->policy_sha256, sizeof r->policy_sha256, v);
     if (!strcmp(line, "label"))
@@ -383,13 +401,130 @@ static char **ids_in(const char *state_dir, const char *sub)
 char **record_ids(const char *state_dir) { return ids_in(state_dir, "records"); }
 char **record_root_ids(const char *state_dir) { return ids_in(state_dir, "sessions"); }
 
-bool record_expired(const struct session_record *r, int64_t now)
+/* Try the holder's lock without waiting: 1 held by its process, 0 free or gone (with
+ * *fd, when asked, the lock now ours: unlink the file before closing it), -1 with errno. */
+static int holder_probe(int dir, const char *name, int *fd_out)
+{
+    int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        return saved == EWOULDBLOCK ? 1 : -1;
+    }
+    if (fd_out)
+        *fd_out = fd;
+    else
+        close(fd);
+    return 0;
+}
+
+int record_process_alive(const char *state_dir, const struct session_record *r)
+{
+    if (r->holder[0]) {
+        int dir = records_dir_open(state_dir, false);
+        if (dir < 0)
+            return -1;
+        int alive = holder_probe(dir, r->holder, NULL);
+        int saved = errno;
+        close(dir);
+        errno = saved;
+        return alive;
+    }
+    /* an older version's record: only its pid to go by (EPERM: someone else's, alive) */
+    if (r->pid <= 0)
+        return -1;
+    return kill(r->pid, 0) == 0 || errno != ESRCH;
+}
+
+bool record_expired(const char *state_dir, const struct session_record *r, int64_t now)
 {
     if (r->kept)
         return false;
     if (r->owner != RECORD_SERVE)   /* over when its process is */
-        return r->pid > 0 && kill(r->pid, 0) < 0 && errno == ESRCH;
+        return record_process_alive(state_dir, r) == 0;
     return r->state == RECORD_CLOSING || now >= r->lease_at_ms || now >= r->fuse_at_ms;
+}
+
+int record_holder_take(const char *state_dir, char name[RECORD_HOLDER_MAX])
+{
+    int dir = records_dir_open(state_dir, true);
+    if (dir < 0)
+        return -1;
+    /* a sweep may unlink a file between our create and our flock: then it is not the one
+     * the name says, and we take another */
+    for (int attempt = 0; attempt < 8; attempt++) {
+        unsigned char rnd[16];
+        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
+            break;
+        size_t n = (size_t)snprintf(name, RECORD_HOLDER_MAX, HOLDER_PREFIX);
+        for (size_t i = 0; i < sizeof rnd; i++)
+            n += (size_t)snprintf(name + n, RECORD_HOLDER_MAX - n, "%02x", rnd[i]);
+        int fd = openat(dir, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            if (errno == EEXIST)
+                continue;
+            break;
+        }
+        struct stat mine, named;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &mine) == 0 &&
+            fstatat(dir, name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+            mine.st_dev == named.st_dev && mine.st_ino == named.st_ino) {
+            char pid[24];
+            int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+            if (write_all(fd, pid, (size_t)len) < 0)
+                LOG_D("holder %s: pid: %s", name, strerror(errno));  /* informative only */
+            close(dir);
+            return fd;
+        }
+        close(fd);
+    }
+    int saved = errno ? errno : EAGAIN;
+    close(dir);
+    name[0] = 0;
+    errno = saved;
+    return -1;
+}
+
+void record_holder_drop(const char *state_dir, const char *name, int fd)
+{
+    if (fd < 0)
+        return;
+    int dir = records_dir_open(state_dir, false);
+    /* unlinked while still locked: a sweep never sees it free under this name */
+    if (dir >= 0 && unlinkat(dir, name, 0) < 0 && errno != ENOENT)
+        LOG_W("holder %s/records/%s: %s", state_dir, name, strerror(errno));
+    if (dir >= 0)
+        close(dir);
+    close(fd);
+}
+
+unsigned record_holders_sweep(const char *state_dir)
+{
+    int dir = records_dir_open(state_dir, false);
+    if (dir < 0)
+        return 0;
+    int list = dup(dir);
+    DIR *d = list >= 0 ? fdopendir(list) : NULL;
+    if (!d) {
+        close_quietly(&list);
+        close(dir);
+        return 0;
+    }
+    unsigned removed = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int fd = -1;
+        if (!holder_name_valid(de->d_name) || holder_probe(dir, de->d_name, &fd) != 0 || fd < 0)
+            continue;
+        removed += unlinkat(dir, de->d_name, 0) == 0;
+        close(fd);
+    }
+    closedir(d);
+    close(dir);
+    return removed;
 }
 
 void record_json(struct buf *b, const struct session_record *r)

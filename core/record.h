@@ -20,6 +20,8 @@
 /* serve: a listening server's session, adopted or removed by the next one; run and
  * stdio: a process's own (`stockade run`; `stockade serve` on stdio, `stockade mcp`),
  * over when that process is. */
+#define RECORD_HOLDER_MAX 48
+
 enum record_owner { RECORD_SERVE, RECORD_RUN, RECORD_STDIO };
 enum record_state { RECORD_OPEN, RECORD_CLOSING };
 
@@ -31,7 +33,12 @@ struct session_record {
     bool service_uid;           /* uid is a service uid held under /run/stockade/uids */
     uid_t uid;
     uid_t client_uid;           /* serve: the peer that opened it (who may reattach) */
-    pid_t pid;                  /* run, stdio: the process that made it */
+    pid_t pid;                  /* run, stdio: the process that made it (in its own pid
+                                 * namespace: informative only when holder is set) */
+    /* run, stdio: the name of the lock its process holds for its life beside the records
+     * (record_holder_take): alive while that lock is held. "" in an older version's
+     * record, which falls back to the pid. */
+    char holder[RECORD_HOLDER_MAX];
     char isolation[16];
     char policy_sha256[65];
     int64_t created_ms;         /* wall clock */
@@ -62,8 +69,25 @@ const char *record_owner_name(enum record_owner o);
 char **record_ids(const char *state_dir);
 char **record_root_ids(const char *state_dir);
 /* True when the record's lease or fuse has run out at wall time now, or it was being
- * closed; a run's or a stdio server's when its process is gone; a kept one never. */
-bool record_expired(const struct session_record *r, int64_t now);
+ * closed; a run's or a stdio server's when its process is gone (record_process_alive
+ * says 0); a kept one never. */
+bool record_expired(const char *state_dir, const struct session_record *r, int64_t now);
+/* Whether the process that wrote a run's or a stdio server's record still runs: 1, 0 when
+ * it is gone, -1 when it cannot tell. With a holder, its lock says (a pid means nothing
+ * across pid namespaces, and a reused one keeps a dead run alive); without one (an
+ * older version's record), kill(pid, 0). */
+int record_process_alive(const char *state_dir, const struct session_record *r);
+
+/* The lock a `stockade run` or a stdio server holds for its life, that its records name:
+ * STATE_DIR/records/.holder.UUID, taken exclusively (flock) on an O_CLOEXEC fd, so that
+ * the tools it execs do not hold it. The fd (keep it open), name filled in; -1 with
+ * errno. */
+int record_holder_take(const char *state_dir, char name[RECORD_HOLDER_MAX]);
+/* At a clean exit: unlink the holder's file, then close fd. */
+void record_holder_drop(const char *state_dir, const char *name, int fd);
+/* Unlink the holder files in STATE_DIR/records whose process is gone (a crash leaves
+ * them). The number removed. */
+unsigned record_holders_sweep(const char *state_dir);
 /* The record as one JSON object, for `stockade sessions --json`. */
 struct buf;
 void record_json(struct buf *b, const struct session_record *r);

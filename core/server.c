@@ -154,6 +154,9 @@ struct server {
     struct ended_session ended[ENDED_KEEP];  /* a ring, the oldest overwritten first */
     size_t ended_next;
     int state_lock_fd;              /* the state dir is ours while it is held */
+    /* a stdio server's: held for its life, named in its records (record_holder_take) */
+    int holder_fd;
+    char holder[RECORD_HOLDER_MAX];
     struct proc cleaner;            /* removes the roots of sessions that expired while no
                                      * server ran, off the loop */
     bool cleaning;
@@ -792,6 +795,7 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
         };
         if (rec.lease_at_ms > rec.fuse_at_ms)
             rec.lease_at_ms = rec.fuse_at_ms;
+        snprintf(rec.holder, sizeof rec.holder, "%s", srv->holder);
         snprintf(rec.isolation, sizeof rec.isolation, "%s", srv->policy->isolation);
         snprintf(rec.policy_sha256, sizeof rec.policy_sha256, "%s", srv->policy->sha256);
         s = session_open_recorded(srv->state_dir, id, false, srv->opts->uids, &rec, &err);
@@ -1060,7 +1064,7 @@ static void server_recover(struct server *srv)
             LOG_W("recovery: session %s has a record and no root: record removed", r.id);
             if (record_remove(srv->state_dir, r.id) < 0)
                 LOG_W("recovery: record %s: %s", r.id, strerror(errno));
-        } else if (record_expired(&r, now)) {
+        } else if (record_expired(srv->state_dir, &r, now)) {
             LOG_I("recovery: session %s %s while no server ran: removing it", r.id,
                   r.state == RECORD_CLOSING ? "was being closed" : "expired");
             doomed_uids[ndoomed] = r.service_uid && geteuid() == 0 ? session_uid_lock(r.uid) : -1;
@@ -2463,6 +2467,15 @@ struct server *server_new(const struct server_opts *opts)
         err = NULL;
     }
 
+    /* after the spawner's fork: it does not hold the lock on our behalf */
+    srv->holder_fd = -1;
+    if (!owns_state_dir(opts)) {
+        srv->holder_fd = record_holder_take(srv->state_dir, srv->holder);
+        if (srv->holder_fd < 0)     /* its records then say only its pid */
+            LOG_W("state dir %s: no lock for this server's records: %s", srv->state_dir,
+                  strerror(errno));
+    }
+
     srv->loop = ev_loop_new(EVFLAG_AUTO);
     if (!srv->loop)
         die("cannot create the event loop");
@@ -2551,6 +2564,7 @@ void server_free(struct server *srv)
     free(srv->retired);
     if (srv->cleaning)
         proc_signal(&srv->cleaner, SIGKILL);    /* the next start finishes its work */
+    record_holder_drop(srv->state_dir, srv->holder, srv->holder_fd);
     close_quietly(&srv->state_lock_fd);
     policy_unref(srv->policy);
     free(srv->policy_path);

@@ -10,6 +10,7 @@ operator see. Every wait is bounded.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -19,7 +20,7 @@ import pytest
 from serve_helpers import (START_TIMEOUT, assert_marker_gone, clean_env,
                            live_with_marker, sessions_left, wait_until)
 from stockade_client import NoSuchSession
-from stockade_testlib import fixture_levels
+from stockade_testlib import cmdline, fixture_levels
 
 POLICIES = fixture_levels("recovery")
 PROCESS_POLICY, STRICT_POLICY = POLICIES["process"], POLICIES["strict"]
@@ -240,3 +241,85 @@ def test_stdio_servers_share_a_state_dir(stockade, state_dir, tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+def _as_nobody(*argv):
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+
+
+def _pid_free_on_host():
+    """A pid no host process has now (the run gets it in its own pid namespace)."""
+    with open("/proc/sys/kernel/pid_max") as f:
+        pid_max = int(f.read())
+    for pid in range(min(pid_max, 32768) - 200, 1000, -97):
+        if not os.path.exists(f"/proc/{pid}"):
+            return pid
+    pytest.skip("no free pid found on the host")
+
+
+def test_run_in_another_pid_namespace_is_alive_to_gc(stockade, tmp_path):
+    """A `stockade run` in a pid namespace of its own records a pid that means nothing on
+    the host (here: one no host process has). `stockade sessions gc` from the host must
+    still see it alive (its lock, not its pid), leave its root while its tool runs, and
+    remove it once the run is killed -9."""
+    if os.geteuid() != 0 or not all(shutil.which(c) for c in ("unshare", "setpriv")):
+        pytest.skip("needs root, unshare and setpriv (a pid namespace, then uid 65534)")
+    probe = subprocess.run(["unshare", "-pf", "--mount-proc", "true"], capture_output=True,
+                           timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"no pid namespace here: {probe.stderr.decode(errors='replace').strip()}")
+    from stockade_testlib import state_directory
+    with state_directory("stockade-pidns-") as state_dir:
+        os.chown(state_dir, 65534, 65534)
+        policy = os.path.join(state_dir, "policy.lua")
+        shutil.copy(PROCESS_POLICY, policy)
+        os.chmod(policy, 0o644)
+        ns_pid = _pid_free_on_host()
+        marker = f"{ns_pid}.{os.getpid() % 1000:03d}7"
+        run = " ".join(_as_nobody(stockade, "run", "--state-dir", state_dir, "--policy", policy,
+                                  "--", "sleep", marker))
+        # sh is the namespace's pid 1; the run, its child, gets ns_pid
+        script = f"echo {ns_pid - 1} > /proc/sys/kernel/ns_last_pid && {{ {run} & wait $!; }}"
+        outer = subprocess.Popen(["unshare", "-pf", "--mount-proc", "sh", "-c", script],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=clean_env())
+
+        def sessions(cmd):     # as the run's user: the state dir's lock is its file
+            cp = subprocess.run(_as_nobody(stockade, "sessions", "--state-dir", state_dir,
+                                           cmd, "--json"),
+                                capture_output=True, text=True, timeout=60, env=clean_env())
+            assert cp.returncode == 0, cp.stderr
+            return json.loads(cp.stdout)
+
+        def gc():
+            return sessions("gc")["removed"]
+
+        def sleeper():
+            for p in os.listdir("/proc"):
+                argv = cmdline(int(p)).split(b"\0") if p.isdigit() else []
+                if len(argv) > 1 and argv[0].endswith(b"sleep") and argv[1] == marker.encode():
+                    return int(p)
+            return None
+
+        try:
+            wait_until(sleeper, START_TIMEOUT, "the run's tool")
+            [sid] = records_left(state_dir)
+            with open(os.path.join(state_dir, "records", sid)) as f:
+                assert f"pid {ns_pid}\n" in f.read()
+            assert not os.path.exists(f"/proc/{ns_pid}") or ns_pid == 0
+            assert gc() == []
+            assert sessions_left(state_dir) == [sid] and sleeper(), "gc removed a live run's root"
+            [e] = sessions("list")["sessions"]
+            assert e["status"] == "open", e
+            # the run itself (the namespace's second process), by its host pid
+            run_pid = next(int(p) for p in os.listdir("/proc") if p.isdigit()
+                           and cmdline(int(p)).split(b"\0")[1:4] ==
+                           [b"run", b"--state-dir", state_dir.encode()])
+            os.kill(run_pid, signal.SIGKILL)
+            wait_until(lambda: not sleeper(), 30, "the tool to die with its run")
+            assert gc() == [{"session_id": sid, "status": "expired"}]
+            assert sessions_left(state_dir) == [] and records_left(state_dir) == []
+            assert os.listdir(os.path.join(state_dir, "records")) == [], "a lock file stays"
+        finally:
+            if outer.poll() is None:
+                outer.kill()
+            outer.wait(30)

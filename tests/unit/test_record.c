@@ -1,5 +1,5 @@
 /* Session records: atomic writes, no takeover of an existing id, a cut record refused,
- * one holder of a state dir's lock. */
+ * one holder of a state dir's lock, a run alive while its lock is held (whatever its pid). */
 #include "check.h"
 #include "record.h"
 #include "util.h"
@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char dir[] = "/tmp/stockade-test-record-XXXXXX";
@@ -48,8 +49,8 @@ static void test_round_trip(void)
         CHECK_STR(r.labels[2], "empty");
         CHECK_STR(r.labels[3], "");
     }
-    CHECK(!record_expired(&r, 90999));
-    CHECK(record_expired(&r, 91000));
+    CHECK(!record_expired(dir, &r, 90999));
+    CHECK(record_expired(dir, &r, 91000));
     record_clear(&r);
     /* create never takes over; an update replaces */
     errno = 0;
@@ -57,7 +58,7 @@ static void test_round_trip(void)
     w.state = RECORD_CLOSING;
     CHECK(record_write(dir, &w, false) == 0);
     CHECK(record_read(dir, "s-1", &r) == 0 && r.state == RECORD_CLOSING);
-    CHECK(record_expired(&r, 0));
+    CHECK(record_expired(dir, &r, 0));
     record_clear(&r);
     /* no temp left behind */
     char **ids = record_ids(dir);
@@ -104,6 +105,72 @@ static void test_state_dir_lock(void)
     CHECK(record_state_dir_owner(dir) == 0);
 }
 
+/* A pid no process has now: a child's, reaped. */
+static pid_t dead_pid(void)
+{
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(0);
+    waitpid(pid, NULL, 0);
+    return pid;
+}
+
+/* A run's record says it is alive while its holder's lock is held, whatever its pid says
+ * (a pid of another namespace, or a reused one); gone once the lock is let go. */
+static void test_run_holder(void)
+{
+    struct session_record w = sample("run-1"), r;
+    w.owner = RECORD_RUN;
+    w.pid = dead_pid();
+    int fd = record_holder_take(dir, w.holder);
+    CHECK(fd >= 0 && !strncmp(w.holder, ".holder.", 8));
+    CHECK(record_write(dir, &w, true) == 0);
+    CHECK(record_read(dir, "run-1", &r) == 0 && !strcmp(r.holder, w.holder));
+    CHECK(record_process_alive(dir, &r) == 1);
+    CHECK(!record_expired(dir, &r, 0));
+    CHECK(record_holders_sweep(dir) == 0);
+    /* another name for the same run: its pid reused by a live process changes nothing */
+    r.pid = getpid();
+    close(fd);                      /* a crash: the lock goes, the file stays */
+    CHECK(record_process_alive(dir, &r) == 0);
+    CHECK(record_expired(dir, &r, 0));
+    CHECK(record_holders_sweep(dir) == 1);
+    CHECK(record_process_alive(dir, &r) == 0);     /* its file gone: still gone */
+    record_clear(&r);
+
+    /* an older version's record (no holder): its pid is all there is */
+    memset(w.holder, 0, sizeof w.holder);
+    w.pid = getpid();
+    CHECK(record_write(dir, &w, false) == 0);
+    CHECK(record_read(dir, "run-1", &r) == 0 && !r.holder[0]);
+    CHECK(record_process_alive(dir, &r) == 1);
+    r.pid = dead_pid();
+    CHECK(record_process_alive(dir, &r) == 0);
+    record_clear(&r);
+
+    /* a clean exit takes its file away */
+    char name[RECORD_HOLDER_MAX];
+    fd = record_holder_take(dir, name);
+    CHECK(fd >= 0);
+    char *path = xasprintf("%s/records/%s", dir, name);
+    CHECK(access(path, F_OK) == 0);
+    record_holder_drop(dir, name, fd);
+    CHECK(access(path, F_OK) < 0 && errno == ENOENT);
+    free(path);
+
+    /* a holder that is not one of ours names no file */
+    path = xasprintf("%s/records/run-1", dir);
+    int rfd = open(path, O_WRONLY | O_TRUNC);
+    const char *bad = "stockade-session-record 1\nid run-1\nowner run\nholder ../lock\nend\n";
+    CHECK(rfd >= 0 && write(rfd, bad, strlen(bad)) == (ssize_t)strlen(bad));
+    close(rfd);
+    errno = 0;
+    CHECK(record_read(dir, "run-1", &r) < 0 && errno == EINVAL);
+    free(path);
+    CHECK(record_remove(dir, "run-1") == 0);
+    record_clear(&w);
+}
+
 int main(void)
 {
     if (!mkdtemp(dir))
@@ -112,6 +179,7 @@ int main(void)
     test_round_trip();
     test_cut_record_refused();
     test_state_dir_lock();
+    test_run_holder();
     check_remove_dir(dir);
     return check_report("test_record");
 }
