@@ -880,6 +880,24 @@ static int call_spawn(struct call *c, int64_t depth)
 }
 
 /* The call runs: its shim is watched, its pipes read and written, its clocks started. */
+/* The timeout and the deadline, less the `spent` ms a wait to start took of them: the
+ * timeout counts from the call's start, not its tool's, so a wait for the zygote does
+ * not add a second timeout to it. */
+static void call_timers_start(struct call *c, int64_t spent)
+{
+    int64_t left = c->timeout_ms - spent;
+    ev_timer_set(&c->timeout_timer, (double)(left > 0 ? left : 0) / 1000.0, 0);
+    ev_timer_start(c->loop, &c->timeout_timer);
+    if (c->req.deadline_ms > 0) {
+        /* Fire a little early: the hard kill and the answer take a few ms, and the
+         * caller must never get an answer after its deadline. */
+        int64_t margin = c->req.deadline_ms / 10 < 25 ? c->req.deadline_ms / 10 : 25;
+        left = c->req.deadline_ms - margin - spent;
+        ev_timer_set(&c->deadline_timer, (double)(left > 0 ? left : 0) / 1000.0, 0);
+        ev_timer_start(c->loop, &c->deadline_timer);
+    }
+}
+
 static void call_arm(struct call *c)
 {
     struct ev_loop *loop = c->loop;
@@ -912,17 +930,7 @@ static void call_arm(struct call *c)
     }
     ev_timer_stop(loop, &c->timeout_timer);     /* armed while it waited to start */
     ev_timer_stop(loop, &c->deadline_timer);
-    ev_timer_set(&c->timeout_timer, (double)c->timeout_ms / 1000.0, 0);
-    ev_timer_start(loop, &c->timeout_timer);
-    if (c->req.deadline_ms > 0) {
-        /* Fire a little early: the hard kill and the answer take a few ms, and the
-         * caller must never get an answer after its deadline. A wait to start spent
-         * some of it. */
-        int64_t margin = c->req.deadline_ms / 10 < 25 ? c->req.deadline_ms / 10 : 25;
-        int64_t left = c->req.deadline_ms - margin - c->waited_ms;
-        ev_timer_set(&c->deadline_timer, (double)(left > 0 ? left : 0) / 1000.0, 0);
-        ev_timer_start(loop, &c->deadline_timer);
-    }
+    call_timers_start(c, c->waited_ms);
 }
 
 /* The session's zygote has no spare ready, or is still building its world: the call
@@ -938,12 +946,7 @@ static void call_wait_start(struct call *c)
     if (c->state != CALL_STARTING) {
         c->state = CALL_STARTING;
         ev_now_update(c->loop);
-        ev_timer_set(&c->timeout_timer, (double)c->timeout_ms / 1000.0, 0);
-        ev_timer_start(c->loop, &c->timeout_timer);
-        if (c->req.deadline_ms > 0) {
-            ev_timer_set(&c->deadline_timer, (double)c->req.deadline_ms / 1000.0, 0);
-            ev_timer_start(c->loop, &c->deadline_timer);
-        }
+        call_timers_start(c, now_ms() - c->started_ms);
     }
 }
 

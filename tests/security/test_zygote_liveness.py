@@ -19,6 +19,7 @@ server's children (by pid). Speed figures are `make bench`'s business, never ass
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -316,3 +317,93 @@ def test_calls_at_once_each_get_a_runner(serve):
         sock.close()
     classes = {m: (err or res["class"]) for m, (err, res) in got.items()}
     assert classes == {10 + i: "OK" for i in range(n)}, classes
+
+
+def read_timed(sock, msgid, bound):
+    """Read a raw socket until the answer to msgid comes, or bound seconds: (error,
+    result, the monotonic time it came), or None."""
+    import msgpack
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    end = time.monotonic() + bound
+    sock.settimeout(0.2)
+    while time.monotonic() < end:
+        try:
+            data = sock.recv(1 << 16)
+        except socket.timeout:
+            continue
+        if not data:
+            return None
+        came = time.monotonic()
+        unpacker.feed(data)
+        for m in unpacker:
+            if isinstance(m, list) and len(m) == 4 and m[0] == 1 and m[1] == msgid:
+                return m[2], m[3], came
+    return None
+
+
+def session_with_idle_runner(srv):
+    """A strict session that has run one call (its runner idle again), and its zygote."""
+    before = zygotes(srv)
+    sock = srv.raw()
+    sock.sendall(raw_request(1, "session.open", {}))
+    err, res = raw_read_responses(sock, 1, 30).get(1, ("no answer", None))
+    assert err is None, err
+    sid = res["session_id"]
+    call(sock, 2, sid, "true")
+    err, res = raw_read_responses(sock, 1, 30).get(2, ("no answer", None))
+    assert err is None and res["class"] == "OK", (err, res)
+    return sock, sid, until(lambda: zygotes(srv) - before, 10, "the session's zygote").pop()
+
+
+def test_a_deadline_spent_waiting_for_the_zygote_is_answered_before_it(serve):
+    """A call whose start waits for a stopped zygote, with the caller's deadline_ms D:
+    its DEADLINE_EXCEEDED answer reaches the caller before D has passed (measured from
+    the send, so the server's own slack is included: a bound, not a speed target)."""
+    deadline_ms = 1500
+    srv = serve()
+    sock, sid, za = session_with_idle_runner(srv)
+    try:
+        signal_pid(za, signal.SIGSTOP)
+        call(sock, 3, sid, "sleep", ["30"])     # takes the idle runner, answers last
+        sent = time.monotonic()
+        sock.sendall(raw_request(4, "call", {"session_id": sid, "tool": "true", "argv": [],
+                                             "deadline_ms": deadline_ms}))
+        got = read_timed(sock, 4, 30)
+    finally:
+        signal_pid(za, signal.SIGCONT)
+        sock.close()
+    assert got, "no answer to the waiting call"
+    err, res, came = got
+    assert err is None and res["class"] == "DEADLINE_EXCEEDED", (err, res)
+    took = (came - sent) * 1000
+    print(f"answered after {took:.0f} ms, deadline {deadline_ms} ms")
+    assert took < deadline_ms, f"the answer came {took:.0f} ms after the call, past its deadline"
+
+
+def test_a_wait_for_the_zygote_counts_in_the_timeout(serve):
+    """A call with timeout_ms T that waits W ms for its zygote, then runs a tool that
+    never ends: its tool gets at most T - W, so the call ends about T after it was
+    sent, not T + W (bound: T plus the grace and some slack, well under T + W)."""
+    timeout_ms, wait_s = 4000, 3.0
+    srv = serve()
+    sock, sid, za = session_with_idle_runner(srv)
+    try:
+        signal_pid(za, signal.SIGSTOP)
+        call(sock, 3, sid, "sleep", ["30"])     # takes the idle runner
+        sent = time.monotonic()
+        sock.sendall(raw_request(4, "call", {"session_id": sid, "tool": "sleep", "argv": ["30"],
+                                             "timeout_ms": timeout_ms}))
+        time.sleep(wait_s)
+    finally:
+        signal_pid(za, signal.SIGCONT)
+    try:
+        got = read_timed(sock, 4, 60)
+    finally:
+        sock.close()
+    assert got, "no answer to the waiting call"
+    err, res, came = got
+    assert err is None and res["class"] == "TOOL_TIMEOUT", (err, res)
+    took = came - sent
+    print(f"timed out after {took * 1000:.0f} ms: timeout {timeout_ms} ms, waited {wait_s} s")
+    # the policy's grace is 500 ms; T + W would be 7 s
+    assert took < timeout_ms / 1000 + 1.5, f"the call ran {took:.1f} s: its wait was not counted"
