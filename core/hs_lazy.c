@@ -2,9 +2,9 @@
  * it, nor the C++ runtime it pulls in (its relocations were a large part of a `stockade
  * run` start). These definitions stand in for the library's own: core/redact.c calls the
  * hs.h API as usual, and the first call dlopen()s the library by its soname (HS_SONAME,
- * from the Makefile). If it cannot be loaded, every call fails (a compile with an error
- * that says why), so redaction fails closed. Generated from hs.h; the allocator setters
- * are left out (nothing sets them). */
+ * from the Makefile). While it cannot be loaded, every call fails (a compile with an error
+ * that says why), so redaction fails closed; the next call tries again. Generated
+ * from hs.h; the allocator setters are left out (nothing sets them). */
 #include <dlfcn.h>
 #include <hs.h>
 #include <pthread.h>
@@ -14,30 +14,41 @@
 #define HS_SONAME "libhs.so.5"
 #endif
 
-static void *lib;
-static char load_error_text[256];
-static hs_compile_error_t load_error = {load_error_text, -1};
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *lib;               /* under load_lock; once set, for the process's life */
+/* why the last call of this thread found nothing: per thread, since a retry in another
+ * thread could rewrite it while this one reads it */
+static __thread char load_error_text[256];
+static __thread hs_compile_error_t load_error;
 
-static void load(void)
-{
-    lib = dlopen(HS_SONAME, RTLD_NOW | RTLD_LOCAL);
-    if (!lib)
-        snprintf(load_error_text, sizeof load_error_text, "Vectorscan (%s) cannot be loaded: %s",
-                 HS_SONAME, dlerror());
-}
-
-/* The library is loaded once (whichever thread asks first); each definition keeps the
- * symbol it resolved. */
+/* The library, loaded by whichever thread asks first. A failed load is not remembered:
+ * its cause may pass (EMFILE, ENOMEM in a busy server), and a policy reload with
+ * redactors would fail until a restart. So each call that finds it missing (a compile,
+ * in practice: nothing else comes before one) tries again; a failed dlopen costs a few
+ * syscalls. Each definition below keeps the symbol it resolved. */
 static void *sym(const char *name)
 {
-    pthread_once(&load_once, load);
-    return lib ? dlsym(lib, name) : NULL;
+    pthread_mutex_lock(&load_lock);
+    if (!lib) {
+        lib = dlopen(HS_SONAME, RTLD_NOW | RTLD_LOCAL);
+        if (!lib)
+            snprintf(load_error_text, sizeof load_error_text,
+                     "Vectorscan (%s) cannot be loaded: %s", HS_SONAME, dlerror());
+    }
+    void *loaded = lib;
+    pthread_mutex_unlock(&load_lock);
+    void *found = loaded ? dlsym(loaded, name) : NULL;
+    if (loaded && !found)
+        snprintf(load_error_text, sizeof load_error_text, "Vectorscan (%s) has no %s",
+                 HS_SONAME, name);
+    return found;
 }
 
-/* a compile that cannot reach the library says why, as a compile error */
+/* a compile that cannot reach the library says why, as a compile error (freed, by
+ * hs_free_compile_error, in the thread that got it) */
 static hs_error_t unavailable(hs_compile_error_t **error)
 {
+    load_error = (hs_compile_error_t){load_error_text, -1};
     if (error)
         *error = &load_error;
     return HS_COMPILER_ERROR;
