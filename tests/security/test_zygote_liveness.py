@@ -213,21 +213,26 @@ def test_stopping_a_frozen_zygote_does_not_wait_for_it(serve, freezer):
     assert worst < BOUND, f"another client's hello waited {worst:.2f}s while a zygote died"
 
 
-def test_a_call_waiting_for_a_runner_does_not_hold_the_loop(serve):
-    """Two calls at once in a strict session whose zygote is stopped: the second needs a
-    fresh runner from it. It waits; the server answers everyone else meanwhile, and the
-    call runs once the zygote goes on."""
-    srv = serve()
+def session_with_idle_runner(srv):
+    """A strict session that has run one call (its runner idle again), and its zygote."""
     before = zygotes(srv)
     sock = srv.raw()
     sock.sendall(raw_request(1, "session.open", {}))
     err, res = raw_read_responses(sock, 1, 30).get(1, ("no answer", None))
     assert err is None, err
     sid = res["session_id"]
-    call(sock, 2, sid, "true")          # its first runner, back in the pool after
+    call(sock, 2, sid, "true")
     err, res = raw_read_responses(sock, 1, 30).get(2, ("no answer", None))
     assert err is None and res["class"] == "OK", (err, res)
-    za = until(lambda: zygotes(srv) - before, 10, "the session's zygote").pop()
+    return sock, sid, until(lambda: zygotes(srv) - before, 10, "the session's zygote").pop()
+
+
+def test_a_call_waiting_for_a_runner_does_not_hold_the_loop(serve):
+    """Two calls at once in a strict session whose zygote is stopped: the second needs a
+    fresh runner from it. It waits; the server answers everyone else meanwhile, and the
+    call runs once the zygote goes on."""
+    srv = serve()
+    sock, sid, za = session_with_idle_runner(srv)
     b = HelloProber(srv)
     try:
         signal_pid(za, signal.SIGSTOP)
@@ -339,20 +344,6 @@ def read_timed(sock, msgid, bound):
             if isinstance(m, list) and len(m) == 4 and m[0] == 1 and m[1] == msgid:
                 return m[2], m[3], came
     return None
-
-
-def session_with_idle_runner(srv):
-    """A strict session that has run one call (its runner idle again), and its zygote."""
-    before = zygotes(srv)
-    sock = srv.raw()
-    sock.sendall(raw_request(1, "session.open", {}))
-    err, res = raw_read_responses(sock, 1, 30).get(1, ("no answer", None))
-    assert err is None, err
-    sid = res["session_id"]
-    call(sock, 2, sid, "true")
-    err, res = raw_read_responses(sock, 1, 30).get(2, ("no answer", None))
-    assert err is None and res["class"] == "OK", (err, res)
-    return sock, sid, until(lambda: zygotes(srv) - before, 10, "the session's zygote").pop()
 
 
 def test_a_deadline_spent_waiting_for_the_zygote_is_answered_before_it(serve):
