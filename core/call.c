@@ -879,7 +879,6 @@ static int call_spawn(struct call *c, int64_t depth)
     return rc;
 }
 
-/* The call runs: its shim is watched, its pipes read and written, its clocks started. */
 /* The timeout and the deadline, less the `spent` ms a wait to start took of them: the
  * timeout counts from the call's start, not its tool's, so a wait for the zygote does
  * not add a second timeout to it. */
@@ -898,6 +897,7 @@ static void call_timers_start(struct call *c, int64_t spent)
     }
 }
 
+/* The call runs: its shim is watched, its pipes read and written, its clocks started. */
 static void call_arm(struct call *c)
 {
     struct ev_loop *loop = c->loop;

@@ -115,7 +115,8 @@ static bool label_parse(struct session_record *r, char *v)
 static void record_format(struct buf *b, const struct session_record *r)
 {
     buf_printf(b, RECORD_MAGIC "\nid %s\nowner %s\nstate %s\nkept %d\nservice_uid %d\n"
-                  "uid %u\nclient_uid %u\npid %d\nholder %s\nisolation %s\npolicy_sha256 %s\ncreated_ms %" PRId64
+                  "uid %u\nclient_uid %u\npid %d\nholder %s\nisolation %s\npolicy_sha256 %s\n"
+                  "created_ms %" PRId64
                   "\nttl_ms %" PRId64 "\nlease_at_ms %" PRId64 "\nfuse_at_ms %" PRId64 "\n",
                r->id, owner_names[r->owner], state_names[r->state], r->kept, r->service_uid,
                (unsigned)r->uid, (unsigned)r->client_uid, (int)r->pid,
@@ -237,7 +238,8 @@ static bool record_parse_line(struct session_record *r, char *line)
     if (!strcmp(line, "isolation"))
         return copy_word(r->isolation, sizeof r->isolation, v);
     if (!strcmp(line, "holder"))
-        return copy_word(r->holder, sizeof r->holder, v) && (!r->holder[0] || holder_name_valid(r->holder));
+        return copy_word(r->holder, sizeof r->holder, v) &&
+               (!r->holder[0] || holder_name_valid(r->holder));
     if (!strcmp(line, "policy_sha256"))
         return copy_word(r->policy_sha256, sizeof r->policy_sha256, v);
     if (!strcmp(line, "label"))
@@ -450,6 +452,9 @@ bool record_expired(const char *state_dir, const struct session_record *r, int64
 
 int record_holder_take(const char *state_dir, char name[RECORD_HOLDER_MAX])
 {
+    name[0] = 0;
+    if (mkdir(state_dir, 0711) < 0 && errno != EEXIST)     /* taken before any record */
+        return -1;
     int dir = records_dir_open(state_dir, true);
     if (dir < 0)
         return -1;
@@ -506,7 +511,7 @@ unsigned record_holders_sweep(const char *state_dir)
     int dir = records_dir_open(state_dir, false);
     if (dir < 0)
         return 0;
-    int list = dup(dir);
+    int list = fcntl(dir, F_DUPFD_CLOEXEC, 0);     /* readdir's own, beside dir's openat */
     DIR *d = list >= 0 ? fdopendir(list) : NULL;
     if (!d) {
         close_quietly(&list);

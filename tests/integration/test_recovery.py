@@ -20,7 +20,7 @@ import pytest
 from serve_helpers import (START_TIMEOUT, assert_marker_gone, clean_env,
                            live_with_marker, sessions_left, wait_until)
 from stockade_client import NoSuchSession
-from stockade_testlib import cmdline, fixture_levels
+from stockade_testlib import cmdline, fixture_levels, state_directory
 
 POLICIES = fixture_levels("recovery")
 PROCESS_POLICY, STRICT_POLICY = POLICIES["process"], POLICIES["strict"]
@@ -257,7 +257,7 @@ def _pid_free_on_host():
     pytest.skip("no free pid found on the host")
 
 
-def test_run_in_another_pid_namespace_is_alive_to_gc(stockade, tmp_path):
+def test_run_in_another_pid_namespace_is_alive_to_gc(stockade):
     """A `stockade run` in a pid namespace of its own records a pid that means nothing on
     the host (here: one no host process has). `stockade sessions gc` from the host must
     still see it alive (its lock, not its pid), leave its root while its tool runs, and
@@ -268,7 +268,6 @@ def test_run_in_another_pid_namespace_is_alive_to_gc(stockade, tmp_path):
                            timeout=30)
     if probe.returncode != 0:
         pytest.skip(f"no pid namespace here: {probe.stderr.decode(errors='replace').strip()}")
-    from stockade_testlib import state_directory
     with state_directory("stockade-pidns-") as state_dir:
         os.chown(state_dir, 65534, 65534)
         policy = os.path.join(state_dir, "policy.lua")
@@ -305,7 +304,6 @@ def test_run_in_another_pid_namespace_is_alive_to_gc(stockade, tmp_path):
             [sid] = records_left(state_dir)
             with open(os.path.join(state_dir, "records", sid)) as f:
                 assert f"pid {ns_pid}\n" in f.read()
-            assert not os.path.exists(f"/proc/{ns_pid}") or ns_pid == 0
             assert gc() == []
             assert sessions_left(state_dir) == [sid] and sleeper(), "gc removed a live run's root"
             [e] = sessions("list")["sessions"]

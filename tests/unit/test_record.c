@@ -148,15 +148,18 @@ static void test_run_holder(void)
     CHECK(record_process_alive(dir, &r) == 0);
     record_clear(&r);
 
-    /* a clean exit takes its file away */
+    /* taken before anything else in a state dir not made yet; a clean exit takes its
+     * file away */
     char name[RECORD_HOLDER_MAX];
-    fd = record_holder_take(dir, name);
+    char *fresh = xasprintf("%s/fresh", dir);
+    fd = record_holder_take(fresh, name);
     CHECK(fd >= 0);
-    char *path = xasprintf("%s/records/%s", dir, name);
+    char *path = xasprintf("%s/records/%s", fresh, name);
     CHECK(access(path, F_OK) == 0);
-    record_holder_drop(dir, name, fd);
+    record_holder_drop(fresh, name, fd);
     CHECK(access(path, F_OK) < 0 && errno == ENOENT);
     free(path);
+    free(fresh);
 
     /* a holder that is not one of ours names no file */
     path = xasprintf("%s/records/run-1", dir);
