@@ -13,6 +13,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- the regex stage: compiled rules ------------------------------------------------ */
@@ -20,6 +21,20 @@
 #define OPEN_WIDTH_MAX 256      /* an opener is short: it is what begins a secret */
 #define LOOKBEHIND 256          /* emitted bytes kept in view before what is held */
 #define MATCH_LIMIT 10000000    /* PCRE2 backtracking steps for one resolution */
+
+/* The work budget. MATCH_LIMIT bounds one attempt, not how many there are: text dense
+ * with openers (`pwd=` x N) starts an attempt every few bytes, and a rule that scans to
+ * the end of the run costs each of them the whole run, O(n^2) in a read that the loop
+ * waits for. So a stream's resolving may cost at most BUDGET_NS_PER_BYTE of the
+ * supervisor's CPU per byte it has read, plus BUDGET_START_NS, with BUDGET_MAX_NS saved up
+ * at most (what one read can stall the loop); past it the stream fails closed like
+ * limits.redact_hold. The default set costs well under 1% of it on any input we know of:
+ * the budget is for a policy's pathological regex, which then costs its own call. CPU
+ * time of the thread, not the wall clock: a loaded machine does not spend it. */
+#define BUDGET_NS_PER_BYTE 1000
+#define BUDGET_START_NS 100000000
+#define BUDGET_MAX_NS 250000000
+#define BUDGET_CHECK_EVERY 8    /* attempts between two looks at the clock (a syscall) */
 
 struct redact_rule {
     char *name;
@@ -748,6 +763,8 @@ struct redact_regex_stream {
     redact_found_fn found;      /* told of each secret (the gates); NULL while serving */
     void *found_ud;
     bool withheld;              /* failed closed: the rest of the stream is dropped */
+    bool budget_open;           /* budget_ns was given its start */
+    int64_t budget_ns;          /* CPU time resolving may still spend (the work budget) */
     struct buf out;             /* one read's output, handed on in one piece */
 };
 
@@ -818,15 +835,41 @@ static size_t partial_opener(const struct redact_rules *r, const struct redact_r
     return x->text.len;
 }
 
-static void fail_closed(struct redact_regex_stream *x, int64_t *count, redact_sink sink, void *ud)
+static const char WITHHELD_HOLD[] =
+    "[stockade: output withheld: a possible secret outgrew limits.redact_hold]\n";
+static const char WITHHELD_WORK[] =
+    "[stockade: output withheld: redacting it outgrew its work budget]\n";
+
+static void fail_closed_with(struct redact_regex_stream *x, const char *msg, int64_t *count,
+                             redact_sink sink, void *ud)
 {
-    static const char msg[] =
-        "[stockade: output withheld: a possible secret outgrew limits.redact_hold]\n";
-    sink(ud, msg, sizeof msg - 1);
+    sink(ud, msg, strlen(msg));
     x->withheld = true;
     x->done = x->text.len;
     x->head = x->end = 0;
     ++*count;
+}
+
+static void fail_closed(struct redact_regex_stream *x, int64_t *count, redact_sink sink, void *ud)
+{
+    fail_closed_with(x, WITHHELD_HOLD, count, sink, ud);
+}
+
+static int64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) < 0)
+        return 0;
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Whether resolving, begun at CPU time t0, is still within the stream's budget (checked
+ * every BUDGET_CHECK_EVERY attempts; *attempts counts them). */
+static bool within_budget(const struct redact_regex_stream *x, int64_t t0, unsigned *attempts)
+{
+    if (++*attempts % BUDGET_CHECK_EVERY)
+        return true;
+    return thread_cpu_ns() - t0 <= x->budget_ns;
 }
 
 /* ---- verdicts on openers, remembered ----
@@ -902,11 +945,18 @@ static bool verdict_no_match(const struct redact_rules *r, const struct redact_r
 }
 
 /* Resolve openers in order, emitting what no match can cover, up to `safe` (text
- * offsets below it cannot begin an opener not yet reported). */
+ * offsets below it cannot begin an opener not yet reported). t0: the thread's CPU time
+ * when this read's resolving began (the work budget). */
 static void resolve(const struct redact_rules *r, struct redact_regex_stream *x, size_t safe,
-                    enum redact_mode mode, int64_t *count, redact_sink sink, void *ud)
+                    enum redact_mode mode, int64_t t0, int64_t *count, redact_sink sink,
+                    void *ud)
 {
+    unsigned attempts = 0;
     while (!x->withheld) {
+        if (!within_budget(x, t0, &attempts)) {
+            fail_closed_with(x, WITHHELD_WORK, count, sink, ud);
+            break;
+        }
         if (x->head == x->end || x->cand[x->head].start - x->base >= safe) {
             emit_to(x, safe, sink, ud);
             return;
@@ -1022,6 +1072,14 @@ static void regex_step(const struct redact_rules *r, struct redact_regex_stream 
         }
         buf_append(&x->text, data, n);
     }
+    /* the work budget grows with what was read (saved up to a bound) */
+    if (!x->budget_open) {
+        x->budget_open = true;
+        x->budget_ns = BUDGET_START_NS;
+    }
+    x->budget_ns += (int64_t)(n < BUDGET_MAX_NS ? n : BUDGET_MAX_NS) * BUDGET_NS_PER_BYTE;
+    if (x->budget_ns > BUDGET_MAX_NS)
+        x->budget_ns = BUDGET_MAX_NS;
     size_t safe;
     if (mode == REDACT_EOF) {
         hs_close_stream(x->hs, r->scratch, on_opener, x);
@@ -1032,7 +1090,9 @@ static void regex_step(const struct redact_rules *r, struct redact_regex_stream 
         if (mode == REDACT_QUIET)
             safe = partial_opener(r, x, safe);
     }
-    resolve(r, x, safe, mode, count, sink, ud);
+    int64_t t0 = thread_cpu_ns();
+    resolve(r, x, safe, mode, t0, count, sink, ud);
+    x->budget_ns -= thread_cpu_ns() - t0;
     if (mode == REDACT_EOF)
         x->withheld = true;     /* nothing more can come */
 }

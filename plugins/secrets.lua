@@ -293,7 +293,7 @@ add {
 add {
   name = "connection-string-password", kind = "password",
   open = [[(?i)(?:password|pwd)[ \t]{0,4}=]],
-  regex = [[(?i)(?:(?<=[;?&])(?:password|pwd)[ \t]{0,4}=[ \t]*|(?<=[ \t])(?:password|pwd)=(?=[^;&\s"',()]*?[0-9!#$%^*+/=?@~-]))'?]]
+  regex = [[(?i)(?:(?<=[;?&])(?:password|pwd)[ \t]{0,4}=[ \t]*|(?<=[ \t])(?:password|pwd)=(?=[^;&\s"',()]{0,511}?[0-9!#$%^*+/=?@~-]))'?]]
           .. PLACEHOLDER .. [[(?<secret>(?<=')[^'\r\n]{1,512}+|[^;&\s"',()][^;&\s"',()]{0,511}+)]],
 }
 -- Laravel's APP_KEY=base64:... (the application's encryption key; "APP_KEY" alone is
@@ -367,7 +367,7 @@ add {
 add {
   name = "cookie",
   open = [[(?i)(?:set-)?cookie:]],
-  regex = [[(?i)(?:set-)?cookie:[ \t]*[A-Za-z0-9_.!#$%&'*+^`|~-]{1,128}+=(?=[^;\s\\"']*[0-9])(?<secret>[^;\s\\"']{16,}+)]],
+  regex = [[(?i)(?:set-)?cookie:[ \t]*[A-Za-z0-9_.!#$%&'*+^`|~-]{1,128}+=(?=[^;\s\\"']{0,4095}?[0-9])(?<secret>[^;\s\\"']{16,}+)]],
 }
 -- gitleaks "curl-auth-user": curl ... -u USER:PASSWORD (the password goes).
 -- The command may go on over "\"-continued lines; the user may be empty or quoted on
@@ -393,7 +393,7 @@ add {
 -- or 12 characters in both cases: a man page's "--password PASSWORD", "--token TOKEN"
 -- and "--proxy-password respectively" stay, as do placeholders ($PASS, <token>,
 -- {{ .token }}) and "--password-file PATH".
-local CLI_VALUE = [==[(?<q>["']?)(?![$<{%*-])(?=[^\s"',;]*?[0-9!#$%^&*+/=?@~]|(?-i:(?=[^\s"',;]*?[a-z])(?=[^\s"',;]*?[A-Z]))[^\s"',;]{12})]==]
+local CLI_VALUE = [==[(?<q>["']?)(?![$<{%*-])(?=[^\s"',;]{0,511}?[0-9!#$%^&*+/=?@~]|(?-i:(?=[^\s"',;]{0,511}?[a-z])(?=[^\s"',;]{0,511}?[A-Z]))[^\s"',;]{12})]==]
   .. [==[(?<secret>[^\s"',;]{4,512}+)\k<q>]==]
 add {
   name = "cli-option-secret", kind = "password",
@@ -463,25 +463,25 @@ local SUFFIX_OK = [[(?!s?[_.-]?(?:ids?|names?|size|length|len|type|file|path|url
 local SEPARATOR = SUFFIX_OK .. [==[[\w-]{0,30}?]==] .. SEP_TAIL
 -- A value that is a placeholder of x's or one character repeated (gitleaks' entropy
 -- gate for the same cases: client_secret=bP88Q~xxxxxxxx..., password: "aaaaaa1").
-local VALUE_NOT_PLACEHOLDER = [==[(?![^\s"'`,;\\]*?(?i:x{6}))(?![^\s"'`,;\\]*?(?<rep>[A-Za-z0-9])\k<rep>{5})]==]
+local VALUE_NOT_PLACEHOLDER = [==[(?![^\s"'`,;\\]{0,512}?(?i:x{6}))(?![^\s"'`,;\\]{0,512}?(?<rep>[A-Za-z0-9])\k<rep>{5})]==]
 local UNQUOTED = [==[(?![A-Za-z_][A-Za-z0-9_]{0,30}+(?:(?:\.[A-Za-z_][A-Za-z0-9_]{0,30}+)++(?:[\s,;()\[\]]|$)|\())(?![./]|~/)]==]
 add {
   name = "generic-secret-quoted", kind = "secret",
   open = [[(?i)]] .. STRONG,
   regex = [[(?i)]] .. KEY_START .. STRONG .. SEPARATOR .. [[@?\\?(?<q>["'`])]] .. PLACEHOLDER .. VALUE_NOT_PLACEHOLDER
-          .. [==[(?![^"'`\s\\]*?(?-i:%[sdr]|\{[0-9]?\}))(?![./~]|[a-z]++://)(?=[^"'`\s\\]*?[0-9!#$%^&*+/=?@~-]|[^"'`\s\\]{12})(?<secret>[^"'`\s\\]{6,512}+)\\?\k<q>]==],
+          .. [==[(?![^"'`\s\\]{0,511}?(?-i:%[sdr]|\{[0-9]?\}))(?![./~]|[a-z]++://)(?=[^"'`\s\\]{0,511}?[0-9!#$%^&*+/=?@~-]|[^"'`\s\\]{12})(?<secret>[^"'`\s\\]{6,512}+)\\?\k<q>]==],
 }
 add {
   name = "generic-secret", kind = "secret",
   open = [[(?i)]] .. STRONG,
   regex = [[(?i)]] .. KEY_START .. STRONG .. SEPARATOR .. PLACEHOLDER .. VALUE_NOT_PLACEHOLDER .. UNQUOTED .. [[(?![a-z]++://)]]
-          .. [[(?=[^\s"'`,;]*?[0-9])(?=[^\s"'`,;]*?[A-Za-z])(?<secret>[^\s"'`,;(){}\[\]<>\\]{8,512}+)(?=[\s,;"'<\\]|$)]],
+          .. [[(?=[^\s"'`,;]{0,511}?[0-9])(?=[^\s"'`,;]{0,511}?[A-Za-z])(?<secret>[^\s"'`,;(){}\[\]<>\\]{8,512}+)(?=[\s,;"'<\\]|$)]],
 }
 add {
   name = "generic-token", kind = "secret",
   open = [[(?i)]] .. WEAK,
   regex = [[(?i)(?<!:)]] .. KEY_START .. WEAK .. [[(?:_[0-9]{1,4})?]] .. SEP_TAIL .. [==[\\?["'`]?]==] .. PLACEHOLDER .. VALUE_NOT_PLACEHOLDER .. UNQUOTED
-          .. [[(?=[^\s"'`,;]*?[0-9])(?=[^\s"'`,;]*?[A-Za-z])(?<secret>[^\s"'`,;(){}\[\]<>]{16,2048}+)]],
+          .. [[(?=[^\s"'`,;]{0,2047}?[0-9])(?=[^\s"'`,;]{0,2047}?[A-Za-z])(?<secret>[^\s"'`,;(){}\[\]<>]{16,2048}+)]],
 }
 
 M.default = default

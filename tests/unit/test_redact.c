@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static const struct redact_rule_spec specs[] = {
@@ -353,6 +354,73 @@ out:
     check_remove_dir(top);
 }
 
+/* A rule whose every attempt scans to the end of the run (a lazy look-ahead with no
+ * bound), on text that is nothing but its opener: n^2 work, each attempt far under the
+ * match limit. The stream's work budget stops it: the output is withheld with the
+ * documented line, counted, and the CPU it cost stays bounded (without the budget, 256 KiB
+ * of it costs tens of seconds). Ordinary text dense with the other rules' openers never
+ * comes near the budget. */
+static void test_work_budget(void)
+{
+    static const struct redact_rule_spec slow[] = {
+        {"slow", "k=(?=[^\\n]*?Z)(?<secret>\\w+)", "k=", "[SLOW]"},
+    };
+    char *err = NULL;
+    struct redact_rules *r = redact_rules_compile(slow, 1, 0, &err);
+    CHECK(r != NULL);
+    if (!r) {
+        free(err);
+        return;
+    }
+    struct redact_set *set = redact_set_new(r, false, NULL, NULL, 0, false);
+    redact_rules_unref(r);
+    struct buf out = {0};
+    struct redact_stream rs = {0};
+    int64_t count = 0;
+    static char chunk[16384];
+    for (size_t i = 0; i < sizeof chunk; i += 2)
+        memcpy(chunk + i, "k=", 2);
+    clock_t c0 = clock();
+    for (int i = 0; i < 16; i++)
+        redact_stream_feed(set, &rs, chunk, sizeof chunk, REDACT_MORE, NULL, NULL, &count,
+                           append, &out);
+    redact_stream_feed(set, &rs, NULL, 0, REDACT_EOF, NULL, NULL, &count, append, &out);
+    double cpu = (double)(clock() - c0) / CLOCKS_PER_SEC;
+    buf_append(&out, "", 1);
+    CHECK(strstr(out.data, "[stockade: output withheld: redacting it outgrew its work budget]\n") != NULL);
+    CHECK(count >= 1);
+    CHECK(cpu < 3.0);
+    redact_stream_free(&rs);
+    redact_set_free(set);
+
+    /* 4 MiB of ordinary text dense with openers: redacted, never withheld */
+    set = new_set(0);
+    if (!set) {
+        buf_free(&out);
+        return;
+    }
+    memset(&rs, 0, sizeof rs);
+    count = 0;
+    out.len = 0;
+    static const char line[] = "tok_abc password pass tok_ -----BEGIN x password=hunter22 ";
+    size_t filled = 0;
+    while (filled + sizeof line - 1 <= sizeof chunk) {
+        memcpy(chunk + filled, line, sizeof line - 1);
+        filled += sizeof line - 1;
+    }
+    for (int i = 0; i < 256; i++)
+        redact_stream_feed(set, &rs, chunk, filled, REDACT_MORE, NULL, NULL, &count, append,
+                           &out);
+    redact_stream_feed(set, &rs, NULL, 0, REDACT_EOF, NULL, NULL, &count, append, &out);
+    buf_append(&out, "", 1);
+    CHECK(strstr(out.data, "output withheld") == NULL);
+    CHECK(strstr(out.data, "hunter22") == NULL);
+    CHECK(count > 0);
+    redact_stream_free(&rs);
+    redact_set_free(set);
+    buf_free(&out);
+}
+
 int main(void)
 {
     setenv("STOCKADE_CACHE_DIR", "off", 1);
@@ -361,5 +429,6 @@ int main(void)
     test_match_spanning_reads();
     test_hold_limit();
     test_cache();
+    test_work_budget();
     return check_report("test_redact");
 }
