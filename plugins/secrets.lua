@@ -465,6 +465,15 @@ local SEPARATOR = SUFFIX_OK .. [==[[\w-]{0,30}?]==] .. SEP_TAIL
 -- gate for the same cases: client_secret=bP88Q~xxxxxxxx..., password: "aaaaaa1").
 local VALUE_NOT_PLACEHOLDER = [==[(?![^\s"'`,;\\]{0,512}?(?i:x{6}))(?![^\s"'`,;\\]{0,512}?(?<rep>[A-Za-z0-9])\k<rep>{5})]==]
 local UNQUOTED = [==[(?![A-Za-z_][A-Za-z0-9_]{0,30}+(?:(?:\.[A-Za-z_][A-Za-z0-9_]{0,30}+)++(?:[\s,;()\[\]]|$)|\())(?![./]|~/)]==]
+-- Every scan of the value is bounded by the value's longest length and, where it can be,
+-- possessive over a class that cannot contain what it looks for: text dense with names
+-- (`pwd=pwd=...`, `aToken=aToken=...`) starts an attempt every few bytes, and a scan to
+-- the end of the run made that O(n^2). The cheap tests come first: an unquoted value is
+-- 8..512 characters followed by its end (the secret's own condition, tested before the
+-- costlier ones), and has a digit and a letter within its length.
+local VALUE_FITS = [[(?=[^\s"'`,;(){}\[\]<>\\]{8,512}+(?:[\s,;"'<\\]|$))]]
+local VALUE_HAS_DIGIT_AND_LETTER_512 = [[(?=[^\s"'`,;0-9]{0,511}+[0-9])(?=[^\s"'`,;A-Za-z]{0,511}+[A-Za-z])]]
+local VALUE_HAS_DIGIT_AND_LETTER_2048 = [[(?=[^\s"'`,;0-9]{0,2047}+[0-9])(?=[^\s"'`,;A-Za-z]{0,2047}+[A-Za-z])]]
 add {
   name = "generic-secret-quoted", kind = "secret",
   open = [[(?i)]] .. STRONG,
@@ -474,14 +483,15 @@ add {
 add {
   name = "generic-secret", kind = "secret",
   open = [[(?i)]] .. STRONG,
-  regex = [[(?i)]] .. KEY_START .. STRONG .. SEPARATOR .. PLACEHOLDER .. VALUE_NOT_PLACEHOLDER .. UNQUOTED .. [[(?![a-z]++://)]]
-          .. [[(?=[^\s"'`,;]{0,511}?[0-9])(?=[^\s"'`,;]{0,511}?[A-Za-z])(?<secret>[^\s"'`,;(){}\[\]<>\\]{8,512}+)(?=[\s,;"'<\\]|$)]],
+  regex = [[(?i)]] .. KEY_START .. STRONG .. SEPARATOR .. VALUE_FITS .. PLACEHOLDER .. VALUE_HAS_DIGIT_AND_LETTER_512
+          .. VALUE_NOT_PLACEHOLDER .. UNQUOTED .. [[(?![a-z]++://)]]
+          .. [[(?<secret>[^\s"'`,;(){}\[\]<>\\]{8,512}+)(?=[\s,;"'<\\]|$)]],
 }
 add {
   name = "generic-token", kind = "secret",
   open = [[(?i)]] .. WEAK,
-  regex = [[(?i)(?<!:)]] .. KEY_START .. WEAK .. [[(?:_[0-9]{1,4})?]] .. SEP_TAIL .. [==[\\?["'`]?]==] .. PLACEHOLDER .. VALUE_NOT_PLACEHOLDER .. UNQUOTED
-          .. [[(?=[^\s"'`,;]{0,2047}?[0-9])(?=[^\s"'`,;]{0,2047}?[A-Za-z])(?<secret>[^\s"'`,;(){}\[\]<>]{16,2048}+)]],
+  regex = [[(?i)(?<!:)]] .. KEY_START .. WEAK .. [[(?:_[0-9]{1,4})?]] .. SEP_TAIL .. [==[\\?["'`]?]==] .. PLACEHOLDER .. VALUE_HAS_DIGIT_AND_LETTER_2048
+          .. VALUE_NOT_PLACEHOLDER .. UNQUOTED .. [[(?<secret>[^\s"'`,;(){}\[\]<>]{16,2048}+)]],
 }
 
 M.default = default
