@@ -344,7 +344,8 @@ add {
 -- with a digit in its first 20, or 20 long, up to a blank, a quote or the end: header
 -- names in minified code ('"X-Api-Key":t.apiKey,') are not headers. gitleaks "curl-auth-header" for the shapes
 -- (-H "Authorization: ...", X-Api-Key, X-Auth-Token). Placeholders ($TOKEN, <token>,
--- {{token}}) are left alone.
+-- {{token}}) are left alone. The header's own name is not its credential
+-- ("authorization:authorization:..." in a dump of header names).
 local CRED = [==[(?![$<{%*])(?=[A-Za-z0-9._~+/=:%@-]{0,19}?[0-9]|[A-Za-z0-9._~+/=:%@-]{20}|[A-Za-z0-9+/]{6,}+={1,2}(?:[\s"'`,;]|$))]==]
   .. [==[(?<secret>[A-Za-z0-9._~+/=:%@-]{8,}+(?:,[ \t]*[A-Za-z]+=[^\s,"'`]++)*+)(?=[\s"'`,;\\]|$)]==]
 add {
@@ -352,7 +353,7 @@ add {
   open = [[(?i)(?:proxy-)?authorization]],
   regex = [[(?i)(?:proxy-)?authorization(?:[ \t]*:|["'][ \t]*(?:=>|:|=))[ \t]*["']?]]
           .. [[(?:(?:bearer|basic|token|api-token|digest|negotiate|ntlm|apikey|api-key|sso-key|aws4-hmac-sha256|otp|key)[ \t]+)?]]
-          .. CRED,
+          .. [[(?!(?:proxy-)?authorization(?![A-Za-z0-9._~+/=%@-]))]] .. CRED,
 }
 -- Without the "X-" (apikey:, Api-Token:, PRIVATE-TOKEN:) only as a header inside quotes,
 -- as in curl -H "...": a YAML "apikey:" is the generic entries' business.

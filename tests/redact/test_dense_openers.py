@@ -85,3 +85,13 @@ def test_dense_openers_cost_linear_cpu(server, shape):
         assert cost < CPU_BOUND_S, \
             f"1 MiB of {unit!r} x N cost {cost:.2f}s of supervisor CPU (bound {CPU_BOUND_S}s)"
     print(f"worst: {worst[1]!r} {worst[0]:.2f}s")
+
+
+def test_header_name_repeated_is_not_its_own_credential(server):
+    """`authorization:` x N (a dump of header names) came out as one [REDACTED]."""
+    s, session = server
+    text = "authorization:" * 40 + "\nAuthorization: Bearer abcdefghijklmnop1234\n"
+    r = session.call("sh", ["-c", "printf %s \"$1\"", "sh", text])
+    assert r.ok, r
+    assert r.stdout.startswith(b"authorization:" * 40 + b"\n"), r.stdout[:120]
+    assert r.stdout.endswith(b"Authorization: Bearer [REDACTED:authorization]\n"), r.stdout
