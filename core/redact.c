@@ -28,8 +28,9 @@
  * waits for. So a stream's resolving may cost at most BUDGET_NS_PER_BYTE of the
  * supervisor's CPU per byte it has read, plus BUDGET_START_NS, with BUDGET_MAX_NS saved up
  * at most (what one read can stall the loop); past it the stream fails closed like
- * limits.redact_hold. The default set costs well under 1% of it on any input we know of:
- * the budget is for a policy's pathological regex, which then costs its own call. CPU
+ * limits.redact_hold. The default set costs a fraction of it on any input we know of
+ * (tests/redact/test_dense_openers.py): the budget is for a policy's pathological regex,
+ * which then costs its own call. CPU
  * time of the thread, not the wall clock: a loaded machine does not spend it. */
 #define BUDGET_NS_PER_BYTE 1000
 #define BUDGET_START_NS 100000000
@@ -1048,6 +1049,14 @@ static void regex_step(const struct redact_rules *r, struct redact_regex_stream 
         fail_closed(x, count, sink, ud);
         return;
     }
+    /* the work budget grows with what was read (saved up to a bound) */
+    if (!x->budget_open) {
+        x->budget_open = true;
+        x->budget_ns = BUDGET_START_NS;
+    }
+    x->budget_ns += (int64_t)(n < BUDGET_MAX_NS ? n : BUDGET_MAX_NS) * BUDGET_NS_PER_BYTE;
+    if (x->budget_ns > BUDGET_MAX_NS)
+        x->budget_ns = BUDGET_MAX_NS;
     trim_emitted(x);
     /* an opener not reported yet ends past the text, so begins in its last bytes */
     size_t tail = r->open_width > 1 ? r->open_width - 1 : 0;
@@ -1072,14 +1081,6 @@ static void regex_step(const struct redact_rules *r, struct redact_regex_stream 
         }
         buf_append(&x->text, data, n);
     }
-    /* the work budget grows with what was read (saved up to a bound) */
-    if (!x->budget_open) {
-        x->budget_open = true;
-        x->budget_ns = BUDGET_START_NS;
-    }
-    x->budget_ns += (int64_t)(n < BUDGET_MAX_NS ? n : BUDGET_MAX_NS) * BUDGET_NS_PER_BYTE;
-    if (x->budget_ns > BUDGET_MAX_NS)
-        x->budget_ns = BUDGET_MAX_NS;
     size_t safe;
     if (mode == REDACT_EOF) {
         hs_close_stream(x->hs, r->scratch, on_opener, x);
