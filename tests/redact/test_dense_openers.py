@@ -72,7 +72,7 @@ def server(request, stockade, tmp_path_factory):
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_dense_openers_cost_linear_cpu(server, shape):
     s, session = server
-    worst = (0.0, None)
+    worst = (-1.0, "")
     for opener in OPENERS:
         unit = SHAPES[shape](opener)
         before = supervisor_cpu_s(s.proc.pid)
