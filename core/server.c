@@ -691,10 +691,15 @@ static void session_persist_lease(struct srv_session *ss)
     struct session_record *r = ss->s->record;
     if (!r || ss->expires_at_ms <= r->lease_at_ms)
         return;
+    int64_t lease_at = ss->expires_at_ms + ss->ttl_ms / 2;
+    if (lease_at > r->fuse_at_ms)
+        lease_at = r->fuse_at_ms;
+    /* A lease already at the fuse cannot grow: rewriting it (two fsyncs, on the loop)
+     * would change nothing, and would on every call of the session's last lease. */
+    if (lease_at <= r->lease_at_ms)
+        return;
     int64_t before = r->lease_at_ms;
-    r->lease_at_ms = ss->expires_at_ms + ss->ttl_ms / 2;
-    if (r->lease_at_ms > r->fuse_at_ms)
-        r->lease_at_ms = r->fuse_at_ms;
+    r->lease_at_ms = lease_at;
     if (session_record_save(ss->s) < 0) {
         LOG_W("session %s: its record keeps the older lease: %s", ss->s->id, strerror(errno));
         r->lease_at_ms = before;

@@ -126,6 +126,38 @@ def test_session_expired_while_down_is_removed(servers, state_dir):
     assert r.stdout == b"y\n"
 
 
+def record_lease(state_dir, sid):
+    """(lease_at_ms, (inode, mtime)) of a session's record: a rewrite is a new file renamed
+    over it."""
+    path = os.path.join(state_dir, "records", sid)
+    with open(path) as f:
+        lease_at = int(next(l.split()[1] for l in f if l.startswith("lease_at_ms ")))
+    st = os.stat(path)
+    return lease_at, (st.st_ino, st.st_mtime_ns)
+
+
+def test_record_rewritten_only_when_its_lease_grows(servers, state_dir):
+    """A call renews the lease; the record (written and fsynced twice) is rewritten only
+    when its recorded lease moves. A lease already at the fuse cannot: no rewrite per call."""
+    srv = servers()
+    c = srv.connect()
+    capped = c.open_session(session_id="capped", ttl_ms=3600000, fuse_ms=600000)
+    before = record_lease(state_dir, "capped")
+    for _ in range(3):
+        assert capped.call("echo", ["x"]).ok
+    assert record_lease(state_dir, "capped") == before
+    # a lease that can still grow is still persisted, once the renewal passes half a lease
+    ttl = 4000
+    s = c.open_session(session_id="growing", ttl_ms=ttl)
+    lease_at, file = record_lease(state_dir, "growing")
+    assert s.call("echo", ["x"]).ok
+    assert record_lease(state_dir, "growing") == (lease_at, file)
+    wait_until(lambda: time.time() * 1000 > lease_at - ttl + 50, 10, "half a lease to pass")
+    assert s.call("echo", ["x"]).ok
+    grown, file2 = record_lease(state_dir, "growing")
+    assert grown > lease_at and file2 != file
+
+
 def test_record_without_root_and_root_without_record(stockade, servers, state_dir):
     """The one rule: a record whose root is gone is removed; a root nobody recorded is left
     on disk and reported, and `stockade sessions gc` removes it (not while a server runs)."""
