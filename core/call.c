@@ -73,6 +73,16 @@ static void stop_waiting(struct call *c)
     zygote_wait_end(c->zygote);
 }
 
+/* A call leaves STARTING without having started: nothing waits, no timer runs; it is
+ * answered next. */
+static void starting_abandon(struct call *c)
+{
+    c->state = CALL_ACCEPTED;
+    stop_waiting(c);
+    ev_timer_stop(c->loop, &c->timeout_timer);
+    ev_timer_stop(c->loop, &c->deadline_timer);
+}
+
 static void stop_io(struct call *c)
 {
     ev_io_stop(c->loop, &c->out.watcher);
@@ -366,10 +376,7 @@ void call_stop(struct call *c, enum call_class class, const char *layer, const c
         return;
     if (c->state == CALL_STARTING) {
         /* nothing started: answered as a call that never ran */
-        c->state = CALL_ACCEPTED;
-        stop_waiting(c);
-        ev_timer_stop(c->loop, &c->timeout_timer);
-        ev_timer_stop(c->loop, &c->deadline_timer);
+        starting_abandon(c);
         refuse(c, class,
                xstrdup(why ? why : class == CLASS_CANCELLED ? "cancelled before it started"
                            : "ran out of time waiting for the session's sandbox to be ready"),
@@ -977,10 +984,8 @@ static void on_start_ready(struct ev_loop *loop, ev_io *w, int revents)
         call_wait_start(c);         /* the session's zygote now, the same or a new one */
         return;
     }
-    c->state = CALL_ACCEPTED;
-    ev_timer_stop(c->loop, &c->timeout_timer);
-    ev_timer_stop(c->loop, &c->deadline_timer);
-    call_start_failed(c, e == EINPROGRESS ? EPIPE : e);
+    starting_abandon(c);
+    call_start_failed(c, e);
 }
 
 struct call *call_start(struct ev_loop *loop, struct policy *policy, struct session *session,
