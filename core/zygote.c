@@ -733,6 +733,13 @@ struct zygote *zygote_start_begin(const struct zygote_config *cfg, char **err)
 
 int zygote_start_fd(const struct zygote *z) { return z->sock; }
 
+void zygote_one_shot(struct zygote *z)
+{
+    z->one_shot = true;
+    z->want = 1;
+    spare_ask(z);       /* queued on its socket: read once it has sent its ready word */
+}
+
 /* Its ready message (or its last words) has arrived: read it. -1 and *err, z marked
  * broken (not freed), when it could not build its world. */
 static int start_complete(struct zygote *z, char **err)
@@ -750,7 +757,7 @@ static int start_complete(struct zygote *z, char **err)
         return -1;
     }
     /* the server's spawner serves every session's calls at once: keep a few ahead */
-    z->want = z->plain ? ZYG_POOL : 1;
+    z->want = z->plain && !z->one_shot ? ZYG_POOL : 1;
     while (z->plain && z->asked < z->want && spare_ask(z) == 0)
         ;
     /* a session's first runner, made while the client hears its session is open */
@@ -914,7 +921,7 @@ static int request_send(struct zygote *z, struct runner_pool *pool, struct buf *
         /* A fresh spare asks for its successor once its tool runs: in the spawner, whose
          * spares every session draws on, always; in a session's zygote, only as a
          * one-call shim (a runner pool grows on demand instead) */
-        bool ask = *fresh && (z->plain || !pool);
+        bool ask = *fresh && (z->plain || !pool) && !z->one_shot;
         request_set_ask(b, ask);
         if (send_with_fds(sp.sock, b->data, b->len, fds, nfds) == (ssize_t)b->len) {
             if (ask)
@@ -965,7 +972,7 @@ static int start_on(struct zygote *z, struct runner_pool *pool, const struct spa
         } else {
             /* the call watches its own copy of the pidfd; the runner keeps the other */
             spawn_pipes_finish(&p, sp.pid, watch_fd, out);
-            *runner = (struct zyg_runner){sp, fresh && z->plain};
+            *runner = (struct zyg_runner){sp, fresh && z->plain && !z->one_shot};
             pool->busy++;
         }
     }

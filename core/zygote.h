@@ -42,6 +42,7 @@ struct zygote {
     int coming;             /* spares the shims of ones handed out will ask for */
     int want;               /* how many to keep ahead: ready + asked + coming */
     bool starting;          /* forked, its ready message not read yet */
+    bool one_shot;          /* zygote_one_shot: one spare, and no successor for it */
     int waiting;            /* calls waiting for a spare (or for the start) */
 };
 
@@ -98,6 +99,12 @@ void zygote_runner_done(struct runner_pool *pool, struct zyg_runner *r, bool rep
 unsigned zygote_runners_standby(const struct runner_pool *pool, unsigned *fds);
 /* End the idle runners (none may be busy) and free the pool. */
 void zygote_runners_free(struct runner_pool *pool);
+
+/* A plain zygote for a process with one call to make (`stockade run`): it keeps one
+ * spare, not ZYG_POOL, and the spare's shim asks for no successor. The spare is asked
+ * for now, while the zygote may still be starting: it is made while the caller does
+ * other work (zygote_standby with wait_ms then waits for it). */
+void zygote_one_shot(struct zygote *z);
 
 /* A spare handed out ended without a report: its ask for a successor may never come. */
 void zygote_spare_lost(struct zygote *z);
