@@ -9,12 +9,13 @@ import os
 import re
 import signal
 import stat
+import subprocess
 import time
 
 import pytest
 
 from conftest import RUN_TIMEOUT, grace_seconds, output_cap
-from stockade_testlib import FIXTURES, alive, cmdline, kill_pids, live_with_marker
+from stockade_testlib import FIXTURES, POLICY, alive, cmdline, kill_pids, live_with_marker, proc_stat
 
 ACCEPT_POLICY = os.path.join(FIXTURES, "accept.lua")
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -512,3 +513,61 @@ def test_accept_failure_fails_closed(run_json, tool):
     assert cp.json["class"] == "POLICY_VIOLATION"
     assert cp.json["retryable"] is False
     assert "should-not-print" not in cp.json.get("stdout", ""), "the tool ran"
+
+
+# ---------------------------------------------------------------- the call's shim
+
+
+def rss_anon_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no RssAnon for {pid}")
+
+
+def test_shim_is_no_copy_of_the_supervisor_and_ends_with_it(stockade, state_dir, nonce):
+    """Process isolation: the call's shim (the tool's parent, which ends its tree) comes
+    from a spawner forked before the policy was loaded, not from the loaded supervisor:
+    it holds none of the supervisor's heap (the policy, its Lua state), so its anonymous
+    memory is a fraction of the supervisor's, where a fork of the supervisor held as much.
+    The spawner and the shim are gone once `run` has exited."""
+    if os.environ.get("STOCKADE_SANITIZED"):
+        pytest.skip("sanitizer runtimes make every process's memory large")
+    marker = nonce()
+    env = dict(os.environ)
+    env.pop("STOCKADE_DEPTH", None)
+    proc = subprocess.Popen([stockade, "run", "--state-dir", state_dir, "--policy", POLICY,
+                             "--timeout", "20s", "--", "sh", "-c", f"exec sleep 300.{marker}"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, start_new_session=True)
+    try:
+        tool_argv = b"\x00".join([b"sleep", f"300.{marker}".encode(), b""])
+        end = time.monotonic() + RUN_TIMEOUT
+        tools = []
+        while not tools and time.monotonic() < end and proc.poll() is None:
+            tools = [p for p in live_with_marker(marker) if cmdline(p) == tool_argv]
+            time.sleep(0.02)
+        assert tools, f"the tool did not start (run's status: {proc.poll()})"
+        shim = proc_stat(tools[0])[1]
+        chain, p = [], shim
+        while p not in (proc.pid, 0, 1) and len(chain) < 8:
+            chain.append((p, proc_stat(p)[2]))
+            p = proc_stat(p)[1]
+        assert p == proc.pid, f"the shim {shim} is not below the supervisor {proc.pid}"
+        shim_kb, supervisor_kb = rss_anon_kb(shim), rss_anon_kb(proc.pid)
+        assert shim_kb * 2 < supervisor_kb, \
+            f"the shim holds {shim_kb} KiB of anonymous memory, the supervisor {supervisor_kb}"
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=RUN_TIMEOUT)
+        assert proc.returncode == 130
+        gone_by = time.monotonic() + 3
+        while [p for p, st in chain if alive(p, st)] and time.monotonic() < gone_by:
+            time.sleep(0.02)
+        left = {p: cmdline(p) for p, st in chain if alive(p, st)}
+        assert not left, f"the run's helpers outlived it: {left}"
+        assert_processes_gone(marker)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
