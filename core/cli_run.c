@@ -317,9 +317,11 @@ int cli_run(int argc, char **argv)
     if (ctx.interrupted_by && r->class == CLASS_CANCELLED)
         status = 128 + ctx.interrupted_by;
     call_free(ctx.call);
+    /* the call is over: the spawner goes first (its idle runner with it, PDEATHSIG), so
+     * that both die while the root is removed */
+    zygote_stop(spawner);
     if (session_close(session) < 0 && status == 0)
         status = 125;
-    zygote_stop(spawner);
     record_holder_drop(state_dir, rec.holder, holder_fd);
     policy_unref(policy);
     proc_shutdown();
