@@ -183,7 +183,7 @@ int cli_run(int argc, char **argv)
     char *err = NULL;
     /* The call's shim is made by a spawner forked now, while this process is small: a
      * shim forked once the policy is loaded copies all of it, and both processes then
-     * take a page fault for each page either writes (15-20 us each on a VM). The
+     * take a page fault for each page either writes (microseconds each on a VM). The
      * spawner's spare prepares itself (private /proc, seccomp) on the other CPU while
      * the policy loads. Strict isolation has the session's zygote make its shim: the
      * spawner, started before the policy says which, is then stopped unused. */
