@@ -270,20 +270,21 @@ int cli_run(int argc, char **argv)
     if (!session)
         die("%s", err);
     session->keep_root = session_id != NULL;
+    /* Without a spawner's spare, the shim is forked from here (or, strict, from the
+     * session's zygote forked next) and its tool attaches filters compiled here: only
+     * those this run's one tool gets (as call.c sets its walls), each costs a compile. */
+    unsigned walls = (strcmp(policy->network, "loopback") != 0 ? SANDBOX_NET_CLOSED : 0) |
+                     (strict ? 0 : SANDBOX_HOST_SHARED);
+    if (!spawner && sandbox_seccomp_prepare_walls(walls) < 0)
+        die_errno("compiling the seccomp filter");
     if (!session_isolate(session, policy, spawner, &err)) {
         session_close(session);
         die("%s", err);
     }
-    /* Its spare: there by now, or soon (a fork of a small process). Without one, the
-     * shim is forked from here, and its tool attaches filters compiled here: only those
-     * this run's one tool gets (as call.c sets its walls), each costs a compile. */
+    /* its spare: there by now, or soon (a fork of a small process) */
     zygote_standby(spawner, 2000, NULL);
-    if (!spawner || spawner->npool == 0) {
-        unsigned walls = (session->net_closed ? SANDBOX_NET_CLOSED : 0) |
-                         (strict ? 0 : SANDBOX_HOST_SHARED);
-        if (sandbox_seccomp_prepare_walls(walls) < 0)
-            die_errno("compiling the seccomp filter");
-    }
+    if (spawner && spawner->npool == 0 && sandbox_seccomp_prepare_walls(walls) < 0)
+        die_errno("compiling the seccomp filter");
 
     struct run_ctx ctx = {.loop = loop};
     ev_signal_init(&ctx.sigint, on_run_signal, SIGINT);
