@@ -331,6 +331,24 @@ def summarize(msgs, limit=8):
 # ---------------------------------------------------------------- the server under test
 
 
+def stop_all(servers, after=None):
+    """Teardown of a fixture's servers: stop() each (after(s) next, e.g. to print its
+    log) also when an earlier one failed to stop, so none is left running or leaves its
+    socket's directory; the first failure is raised at the end."""
+    first = None
+    for s in servers:
+        try:
+            try:
+                s.stop()
+            finally:
+                if after is not None:
+                    after(s)
+        except BaseException as e:      # pytest.fail's Failed included
+            first = first or e
+    if first is not None:
+        raise first
+
+
 def clean_env():
     """The test's environment minus what would change the server's behaviour: an
     inherited depth, and variables the policies' env.deny patterns match (the server
@@ -358,7 +376,20 @@ class ServeProc:
         self.sock_path = None
         self.log_path = os.path.join(log_dir or state_dir, f"serve-{id(self):x}.log")
         self.log = open(self.log_path, "wb")
-        cmd = [binary, "serve", "--policy", policy, "--state-dir", state_dir]
+        self.proc = None
+        self.client = None
+        self.raw = None
+        try:
+            self._start(binary, args, listen, raw, rpc_timeout, extra_env)
+        except BaseException:
+            # the caller gets no object to stop(): what was made so far goes here
+            # (pytest.fail raises a BaseException)
+            self._abandon()
+            raise
+        self.pid = self.proc.pid
+
+    def _start(self, binary, args, listen, raw, rpc_timeout, extra_env):
+        cmd = [binary, "serve", "--policy", self.policy, "--state-dir", self.state_dir]
         if listen:
             self.sock_dir = tempfile.mkdtemp(prefix="stk-sock-", dir="/var/tmp")
             self.sock_path = os.path.join(self.sock_dir, "s.sock")
@@ -367,8 +398,6 @@ class ServeProc:
         self.cmd = cmd
         env = clean_env()
         env.update(extra_env or {})
-        self.client = None
-        self.raw = None
         self.rpc_timeout = rpc_timeout
         if listen:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -383,7 +412,21 @@ class ServeProc:
             self.client = Client.spawn(cmd, rpc_timeout=rpc_timeout, stderr=self.log, env=env,
                                        start_new_session=True)
             self.proc = self.client.proc
-        self.pid = self.proc.pid
+
+    def _abandon(self):
+        """Undo a start that failed: its process group killed, the log closed, the
+        socket's directory removed."""
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                self.proc.wait(5)
+        finally:
+            self.log.close()
+            if self.sock_dir:
+                shutil.rmtree(self.sock_dir, ignore_errors=True)
 
     def _wait_listening(self):
         end = time.monotonic() + START_TIMEOUT

@@ -171,7 +171,7 @@ def servers(stockade, state_dir, tmp_path):
     """start(policy=fixtures/recovery_process.lua, args=()) -> a `stockade serve --listen`
     (serve_helpers.ServeProc) on the test's state dir; each stopped at teardown, its
     stderr printed."""
-    from serve_helpers import ServeProc
+    from serve_helpers import ServeProc, stop_all
     started = []
 
     def start(policy=os.path.join(FIXTURES, "recovery_process.lua"), args=()):
@@ -186,5 +186,5 @@ def servers(stockade, state_dir, tmp_path):
                 resource.prlimit(s.pid, resource.RLIMIT_NOFILE, (4096, 4096))
             except OSError:
                 pass
-        s.stop()
-        print(f"---- stderr of {' '.join(s.cmd)}\n{open(s.log_path, 'rb').read()[-3000:]!r}")
+    stop_all(started, lambda s: print(f"---- stderr of {' '.join(s.cmd)}\n"
+                                      f"{open(s.log_path, 'rb').read()[-3000:]!r}"))

@@ -19,7 +19,8 @@ import msgpack
 import pytest
 
 from serve_helpers import (POLICY, RELOAD_A, RELOAD_B, RPC_TIMEOUT, ServeProc, clean_env,
-                           connect_as, is_int, live_with_marker, one_line, wait_until)
+                           connect_as, is_int, live_with_marker, one_line, stop_all,
+                           wait_until)
 from stockade_client import (AsyncClient, BadRequest, Client, NoSuchSession, OutputChunk,
                              PolicyViolation, ProtocolError, SessionExpired)
 from stockade_client import _proto
@@ -41,8 +42,7 @@ def serve(stockade, state_dir, tmp_path):
         return s
 
     yield start
-    for s in servers:
-        s.stop()
+    stop_all(servers)
 
 
 @pytest.fixture

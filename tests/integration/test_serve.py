@@ -28,7 +28,7 @@ from serve_helpers import (BROKEN_POLICY, REDACT_POLICY, LIMITS_POLICY, MiB, POL
                            RPC_TIMEOUT, SMALL_POLICY, STOP_TIMEOUT, UUID4_RE, WIDE_POLICY,
                            connect_as, note_args,
                            Closed, ServeProc, clean_env, assert_marker_gone, children, fd_count,
-                           proc_state,
+                           proc_state, stop_all,
                            is_int, live_with_marker, one_line, sessions_left,
                            summarize, vmrss_kb, wait_until)
 from stockade_client import (AsyncClient, BadRequest, CALL_RESULT_FIELDS, CallResult, Cancelled,
@@ -66,13 +66,14 @@ def serve(serve_available, state_dir, tmp_path):
         servers.append(s)
         return s
 
-    yield start
-    for s in servers:
-        s.stop()
+    def report(s):
         text = s.stderr_text() if not s.log.closed else open(s.log_path, "rb").read().decode(
             "utf-8", "replace")
         if text:
             print(f"---- stderr of {' '.join(s.cmd)}\n{text[-4000:]}")
+
+    yield start
+    stop_all(servers, report)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from serve_helpers import ServeProc
+from serve_helpers import ServeProc, stop_all
 from stockade_testlib import PLUGINS, POLICY, state_directory, stockade  # noqa: F401 (a fixture)
 
 
@@ -27,8 +27,9 @@ def serve(stockade, tmp_path):
             servers.append(s)
             return s
 
-        yield start
-        for s in servers:
-            s.stop()
+        def report(s):
             with open(s.log_path, "rb") as f:
                 print(f"---- stderr of serve\n{f.read()[-4000:].decode('utf-8', 'replace')}")
+
+        yield start
+        stop_all(servers, report)

@@ -43,8 +43,10 @@ def session(request, stockade, tmp_path_factory):
                         log_dir=str(tmp_path_factory.mktemp("log")),
                         extra_env={"STOCKADE_PLUGIN_PATH": os.environ.get(
                             "STOCKADE_PLUGIN_PATH", PLUGINS)})
-        yield srv.client.open_session()
-        srv.stop()
+        try:
+            yield srv.client.open_session()
+        finally:
+            srv.stop()
 
 
 # Ordinary text before each case, so that the stream has something to deliver before

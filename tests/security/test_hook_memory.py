@@ -23,11 +23,13 @@ BIG = "a" * (32 << 10)
 @pytest.fixture
 def server(stockade, state_dir):
     srv = ServeProc(stockade, state_dir, POLICY, listen=True)
-    yield srv
-    alive = srv.alive()
-    srv.proc.terminate()
-    srv.proc.wait(30)
-    log = srv.stderr_text()
+    try:
+        yield srv
+    finally:
+        alive = srv.alive()
+        srv.stop()          # SIGTERM, and its socket's directory under /var/tmp removed
+    with open(srv.log_path, "rb") as f:
+        log = f.read().decode("utf-8", "replace")
     assert alive, f"serve died (exit {srv.proc.returncode}): {log[-3000:]}"
     for word in ("AddressSanitizer", "LeakSanitizer", "runtime error:", "PANIC"):
         assert word not in log, f"serve reported {word}: {log[-3000:]}"
