@@ -233,6 +233,15 @@ int cli_run(int argc, char **argv)
         die("cannot create the event loop");
     proc_init(loop);
     policy_set_clock_refresh(refresh_loop_clock, loop);
+    /* watched before anything is made on disk: a ^C from here on cancels the call (its
+     * callback runs in ev_run, once ctx.call is set), where the default action would end
+     * this process with the session's root and record left behind */
+    struct run_ctx ctx = {.loop = loop};
+    ev_signal_init(&ctx.sigint, on_run_signal, SIGINT);
+    ev_signal_init(&ctx.sigterm, on_run_signal, SIGTERM);
+    ctx.sigint.data = ctx.sigterm.data = &ctx;
+    ev_signal_start(loop, &ctx.sigint);
+    ev_signal_start(loop, &ctx.sigterm);
 
     bool strict = strcmp(policy->isolation, "strict") == 0;
     if (spawner && (strict || zygote_start_finish(spawner, &err) < 0)) {
@@ -286,15 +295,9 @@ int cli_run(int argc, char **argv)
     if (spawner && spawner->npool == 0 && sandbox_seccomp_prepare_walls(walls) < 0)
         die_errno("compiling the seccomp filter");
 
-    struct run_ctx ctx = {.loop = loop};
-    ev_signal_init(&ctx.sigint, on_run_signal, SIGINT);
-    ev_signal_init(&ctx.sigterm, on_run_signal, SIGTERM);
-    ctx.sigint.data = ctx.sigterm.data = &ctx;
     ctx.call = call_start(loop, policy, session, &req, on_run_done, NULL, &ctx);
     msgpack_unpacked_destroy(&args);        /* read by call_start only */
     msgpack_sbuffer_destroy(&args_buf);
-    ev_signal_start(loop, &ctx.sigint);
-    ev_signal_start(loop, &ctx.sigterm);
     ev_run(loop, 0);
 
     const struct call_result *r = &ctx.call->result;
