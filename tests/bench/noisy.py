@@ -55,6 +55,13 @@ class Server:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log,
             env=clean_env(), start_new_session=True)
         self.pid = self.proc.pid
+        try:
+            self._wait_listening()
+        except BaseException:
+            self.stop(timeout=5)    # the caller has no object to stop: its socket dir goes
+            raise
+
+    def _wait_listening(self):
         end = time.monotonic() + START_TIMEOUT
         while True:
             if self.proc.poll() is not None:

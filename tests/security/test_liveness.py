@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
 
 import noisy  # noqa: E402
+from serve_helpers import stop_all  # noqa: E402
 from noisy import (ATTACKS, Server, measure, raw_open_session, raw_read_responses,  # noqa: E402
                    raw_request)
 
@@ -54,9 +55,9 @@ def serve(stockade, state_dir):
         made.append(s)
         return s
     yield _new
-    for s in made:
-        s.stop()
-        log = s.stderr_text() if not s.log.closed else open(s.log_path, errors="replace").read()
+    stop_all(made)
+    for s in made:              # the verdicts once none is left running
+        log = open(s.log_path, errors="replace").read()
         for word in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
             assert word not in log, f"serve reported {word}: {log[-3000:]}"
 

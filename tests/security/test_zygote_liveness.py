@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
 
 import noisy  # noqa: E402
 from noisy import Server, raw_read_responses, raw_request  # noqa: E402
-from serve_helpers import wait_until  # noqa: E402
+from serve_helpers import stop_all, wait_until  # noqa: E402
 from stockade_testlib import policy_at_level  # noqa: E402
 
 # Another session's worst `hello` while a zygote is held: a bound, not a speed target
@@ -64,8 +64,8 @@ def serve(stockade, state_dir, strict_policy):
         made.append(s)
         return s
     yield _new
-    for s in made:
-        s.stop()
+    stop_all(made)
+    for s in made:              # the verdicts once none is left running
         log = open(s.log_path, errors="replace").read()
         for word in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
             assert word not in log, f"serve reported {word}: {log[-3000:]}"
