@@ -102,6 +102,33 @@ def fd_count(pid):
         return -1
 
 
+def accepted_connections(pid, sock_path):
+    """Inodes of the connections pid holds on its listener at sock_path: accepted, not
+    yet closed by it (a client's close is not the server's)."""
+    held = set()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return set()
+    for name in names:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            held.add(int(link[8:-1]))
+    conns = set()
+    with open("/proc/net/unix") as f:
+        next(f)
+        for line in f:
+            # Num RefCount Protocol Flags Type St Inode Path; flag 0x10000: the listener
+            fields = line.split()
+            if len(fields) >= 8 and fields[7] == sock_path and \
+                    not int(fields[3], 16) & 0x10000 and int(fields[6]) in held:
+                conns.add(int(fields[6]))
+    return conns
+
+
 def children(pid):
     """(live, zombie) direct children of pid, from /proc."""
     live, zombies = [], []
@@ -434,19 +461,37 @@ class ServeProc:
             if self.proc.poll() is not None:
                 pytest.fail(f"stockade serve exited with {self.proc.returncode} before "
                             f"listening: {self.stderr_text()[-2000:]}")
-            if os.path.exists(self.sock_path):
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    s.connect(self.sock_path)
-                    return
-                except OSError:
-                    pass
-                finally:
-                    s.close()
+            if os.path.exists(self.sock_path) and self._probe():
+                break
             if time.monotonic() > end:
                 pytest.fail(f"stockade serve not listening on {self.sock_path} after "
                             f"{START_TIMEOUT:.0f}s: {self.stderr_text()[-2000:]}")
             time.sleep(0.05)
+        # the probe closed by the server too, not only by us: a test that counts the
+        # server's connections or descriptors finds none of it pending
+        wait_until(lambda: not accepted_connections(self.proc.pid, self.sock_path)
+                   or self.proc.poll() is not None,
+                   START_TIMEOUT, "the server to close the start-up probe's connection")
+
+    def _probe(self):
+        """A hello on a connection of its own, then EOF, read to the server's EOF (or
+        reset): True once the server accepted and dropped it; False when nothing listens
+        yet, or nothing answered in time."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(START_TIMEOUT)
+        try:
+            s.connect(self.sock_path)
+            s.sendall(msgpack.packb([0, 1, "hello", []]))
+            s.shutdown(socket.SHUT_WR)
+            while s.recv(65536):
+                pass
+            return True
+        except (ConnectionRefusedError, FileNotFoundError, TimeoutError):
+            return False
+        except OSError:
+            return True         # reset or broken pipe: accepted, then dropped
+        finally:
+            s.close()
 
     def connect(self, rpc_timeout=None):
         return Client.connect_unix(self.sock_path, rpc_timeout=rpc_timeout or self.rpc_timeout)
