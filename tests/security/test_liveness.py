@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
 
 import noisy  # noqa: E402
-from serve_helpers import stop_all  # noqa: E402
+from serve_helpers import live_with_marker, stop_all  # noqa: E402
 from noisy import (ATTACKS, Server, measure, raw_open_session, raw_read_responses,  # noqa: E402
                    raw_request)
 
@@ -186,10 +186,13 @@ def test_stalled_stream_on_stdio_then_sigterm_drains(stockade, state_dir):
                 if m[0] == 1 and m[1] == 1:
                     sid = m[3]["session_id"]
         assert sid
+        mark = f"flood-{os.getpid()}-{time.monotonic_ns()}"
         proc.stdin.write(raw_request(2, "call", {"session_id": sid, "tool": "sh",
                                                  "stream": True,
-                                                 "argv": ["-c", "head -c 50000000 /dev/zero"]}))
+                                                 "argv": ["-c", "head -c 50000000 /dev/zero",
+                                                          mark]}))
         proc.stdin.flush()
+        until(lambda: live_with_marker(mark), 20, "the flood running")
         time.sleep(1.5)             # nothing read: the server is over its high water
         proc.send_signal(signal.SIGTERM)
         try:
@@ -236,8 +239,10 @@ def test_one_client_cannot_hold_every_slot(serve):
     sock.sendall(b"".join(raw_request(10 + i, "call", {
         "session_id": sid, "tool": "sh", "stream": True,
         "argv": ["-c", "head -c 200000000 /dev/zero"]}) for i in range(limit)))
-    until(lambda: stats(srv)["running"] >= 4, 20, "the hog's calls running")
-    time.sleep(0.5)
+    # the hog holds every slot it can: a listening server's share for one connection is
+    # all but a quarter of them (server.c); the rest of its calls are refused
+    share = limit - limit // 4
+    until(lambda: stats(srv)["running"] == share, 20, "the hog's calls running, its whole share")
     c = srv.client(rpc_timeout=30)
     s = c.open_session()
     r = s.call("true")
@@ -349,8 +354,12 @@ def test_completion_wins_over_a_timeout_processed_late(serve):
     c = srv.client(rpc_timeout=60)
     s = c.open_session()
     s.call("true")
-    handles = [s.start_call("sh", ["-c", "sleep 0.3"], timeout_ms=2000) for _ in range(6)]
-    time.sleep(0.1)
+    handles = [s.start_call("sh", ["-c", ': > "$AGENT_ROOT/workspace/started.$$"; sleep 0.3'],
+                            timeout_ms=2000) for _ in range(6)]
+    # every tool runs (its timer armed) before the server stops: none starts after
+    workspace = os.path.join(s.root, "workspace")
+    until(lambda: len([f for f in os.listdir(workspace) if f.startswith("started.")]) == 6,
+          20, "the six tools started")
     os.kill(srv.pid, signal.SIGSTOP)
     try:
         time.sleep(3.5)
