@@ -441,19 +441,13 @@ class ServeProc:
             self.proc = self.client.proc
 
     def _abandon(self):
-        """Undo a start that failed: its process group killed, the log closed, the
-        socket's directory removed."""
-        try:
-            if self.proc is not None and self.proc.poll() is None:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                self.proc.wait(5)
-        finally:
-            self.log.close()
-            if self.sock_dir:
-                shutil.rmtree(self.sock_dir, ignore_errors=True)
+        """Undo a start that failed: what stop() undoes, also before there is a process."""
+        if self.proc is not None:
+            self.stop()
+            return
+        self.log.close()
+        if self.sock_dir:
+            shutil.rmtree(self.sock_dir, ignore_errors=True)
 
     def _wait_listening(self):
         end = time.monotonic() + START_TIMEOUT
