@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import RUN_TIMEOUT
-from stockade_testlib import FIXTURES, POLICY, live_with_marker
+from stockade_testlib import FIXTURES, POLICY, cmdline, live_with_marker
 
 SUBCOMMANDS = ["run", "serve", "mcp", "sessions", "test", "check", "diff", "dry-run", "budget",
                "doctor", "soak", "version"]
@@ -113,9 +113,12 @@ def _interrupt_run(stockade, state_dir, marker, when):
 def test_sigint_to_run_exits_130(stockade, state_dir, marker):
     """^C on `stockade run`: the call is stopped and the status is a shell's for a command
     it interrupted (128 + SIGINT)."""
-    # the call is running: its tool is there (the marker is on the run's command line too)
-    status, err, left = _interrupt_run(stockade, state_dir, marker,
-                                       lambda _, m, run: set(live_with_marker(m)) - {run})
+    # the call is running: its tool is there (not just the marker: the run's command line
+    # has it too, and so has a helper forked from the run)
+    def tool_running(_, m, run):
+        return any(argv[0].endswith(b"sleep") and argv[1:2] == [f"30.{m}".encode()]
+                   for argv in (cmdline(p).split(b"\0") for p in live_with_marker(m)))
+    status, err, left = _interrupt_run(stockade, state_dir, marker, tool_running)
     assert status == 130, (status, err)
     assert b"CANCELLED" in err
     assert left == []
