@@ -1,8 +1,10 @@
 """Redaction never stalls the server: its cost is linear in the output, whatever the
 output is (issue: "redaction is quadratic on text without newlines after a prefix")."""
 
-import pytest
+import os
 import time
+
+import pytest
 
 # 1 MiB of "eyJ" + 16381 x "a" blocks: every block begins like a JWT, none has a newline.
 ADVERSARIAL = ("b=$(head -c 16381 /dev/zero | tr '\\0' a); i=0; "
@@ -10,7 +12,8 @@ ADVERSARIAL = ("b=$(head -c 16381 /dev/zero | tr '\\0' a); i=0; "
 
 # A bound, not a speed target: a trivial call of another session answers within this
 # while session A's output is being redacted (it took ~15 s when redaction was O(n^2)).
-NEIGHBOUR_BOUND_S = 2.0
+# Sanitized builds run several times slower: the bound widens, still far below 15 s.
+NEIGHBOUR_BOUND_S = 4.0 if os.environ.get("STOCKADE_SANITIZED") else 2.0
 
 # Dense generic-assignment openers: every `pwd=` / `aToken=` starts an anchored match of
 # generic-secret / generic-token, whose value scans were unbounded, so each attempt ran to
