@@ -63,15 +63,17 @@ int sandbox_apply_landlock(const struct sandbox_fs *fs, bool net_closed);
  * then, in the tool's process, restricting to it. -1 with errno (ENOSYS: no Landlock). */
 int sandbox_landlock_ruleset(const struct sandbox_fs *fs, bool net_closed);
 int sandbox_landlock_restrict(int ruleset);
-/* walls: spawn_req.walls (SANDBOX_NET_CLOSED, SANDBOX_HOST_SHARED) */
+/* The seccomp filter of a tool with `walls` (spawn_req.walls: SANDBOX_NET_CLOSED,
+ * SANDBOX_HOST_SHARED), one filter: what no tool may do and what those walls close. In
+ * the tool's process before exec: attached, unless its runner has it already (below). */
 int sandbox_apply_seccomp(unsigned walls);
-/* In a spare shim, before its call: the part of the filter every tool gets, attached once
- * to the shim and so inherited by its tool (sandbox_apply_seccomp then adds only the
- * network part). */
-int sandbox_seccomp_attach_base(void);
+/* In a runner, before the first call it starts: the same filter attached to itself (and
+ * so inherited by each tool it starts, which then attaches nothing). Once: a runner
+ * serves tools of one set of walls only (-1 with EBUSY for others). */
+int sandbox_seccomp_attach_self(unsigned walls);
 /* Compile the filters once, up front (the supervisor calls this at start). */
 int sandbox_seccomp_prepare(void);
-/* Only those a tool with `walls` (SANDBOX_*) needs: a one-shot run's. */
+/* Only the one a tool with `walls` (SANDBOX_*) needs: a one-shot run's. */
 int sandbox_seccomp_prepare_walls(unsigned walls);
 
 /* A host path the policy mounts into its sessions' worlds. */

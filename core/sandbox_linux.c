@@ -377,10 +377,10 @@ static const char *const denied_syscalls[] = {
     "io_uring_setup", "io_uring_enter", "io_uring_register",
 };
 
-/* Two filters stacked: the base one (what no tool may do) and one of the short others:
- * the socket families of a closed network, what a tool sharing the host (process
- * isolation) may not touch, or both. Stacked, they refuse what either refuses. The base
- * is what a spare shim installs on itself while it waits, so a call attaches one more. */
+/* What a tool with given walls (SANDBOX_*) may not do, as one filter: the base rules
+ * (what no tool may do) and those of its walls (the socket families of a closed network,
+ * what a tool sharing the host may not touch, or both). One filter, not the base and a
+ * part stacked: the kernel runs every attached filter on each of the tool's syscalls. */
 enum seccomp_part { SECCOMP_BASE, SECCOMP_NET_CLOSED, SECCOMP_HOST_SHARED,
                     SECCOMP_HOST_SHARED_NET_CLOSED, SECCOMP_PARTS };
 
@@ -398,17 +398,10 @@ static const char *const xattr_writes[] = {
     "setxattrat", "removexattrat",
 };
 
-static int seccomp_build(enum seccomp_part part, scmp_filter_ctx *out)
+/* The rules of one part, added to ctx. */
+static int seccomp_add_part(scmp_filter_ctx ctx, enum seccomp_part part)
 {
-    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
-    if (!ctx)
-        return -ENOMEM;
     int rc = 0;
-    seccomp_attr_set(ctx, SCMP_FLTATR_CTL_LOG, 1);
-    /* A binary tree of syscall numbers, not a list: at attach the kernel runs the filter
-     * once per syscall number to build its allow cache, so the depth of the lookup is
-     * per-call cost (half the attach time here). */
-    seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);
     for (size_t i = 0; part == SECCOMP_BASE && i < ARRAY_LEN(denied_syscalls) && rc == 0; i++) {
         int nr = seccomp_syscall_resolve_name(denied_syscalls[i]);
         if (nr != __NR_SCMP_ERROR)
@@ -462,6 +455,33 @@ static int seccomp_build(enum seccomp_part part, scmp_filter_ctx *out)
     if (part == SECCOMP_HOST_SHARED_NET_CLOSED && rc == 0)
         rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
                               SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)AF_UNIX));
+    return rc;
+}
+
+/* The part a tool with these walls gets besides the base; SECCOMP_PARTS: none. */
+static enum seccomp_part walls_part(unsigned walls)
+{
+    bool net = walls & SANDBOX_NET_CLOSED;
+    if (walls & SANDBOX_HOST_SHARED)
+        return net ? SECCOMP_HOST_SHARED_NET_CLOSED : SECCOMP_HOST_SHARED;
+    return net ? SECCOMP_NET_CLOSED : SECCOMP_PARTS;
+}
+
+/* The whole filter of a tool with these walls: the base and its walls' part. */
+static int seccomp_build(unsigned walls, scmp_filter_ctx *out)
+{
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+    if (!ctx)
+        return -ENOMEM;
+    seccomp_attr_set(ctx, SCMP_FLTATR_CTL_LOG, 1);
+    /* A binary tree of syscall numbers, not a list: at attach the kernel runs the filter
+     * once per syscall number to build its allow cache, so the depth of the lookup is
+     * per-call cost (half the attach time here). */
+    seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);
+    enum seccomp_part part = walls_part(walls);
+    int rc = seccomp_add_part(ctx, SECCOMP_BASE);
+    if (rc == 0 && part != SECCOMP_PARTS)
+        rc = seccomp_add_part(ctx, part);
     if (rc != 0) {
         seccomp_release(ctx);
         return rc;
@@ -471,14 +491,17 @@ static int seccomp_build(enum seccomp_part part, scmp_filter_ctx *out)
 }
 
 /* The filters are compiled to BPF once, in the supervisor (and so inherited by every
- * zygote and shim it forks): a call only attaches them. */
-static struct sock_fprog compiled[SECCOMP_PARTS];     /* by enum seccomp_part */
-static bool base_attached;                  /* by this process (a spare), for its tool */
+ * zygote and shim it forks): a call only attaches one, or none when its runner has. */
+#define WALLS_COMBINATIONS 4        /* SANDBOX_NET_CLOSED | SANDBOX_HOST_SHARED */
+static struct sock_fprog compiled[WALLS_COMBINATIONS];     /* by walls */
+/* The walls whose filter this process (a runner) attached to itself; -1: none. Read, never
+ * written, by the tool's side of a clone that shares this memory. */
+static int self_walls = -1;
 
-static int seccomp_compile(enum seccomp_part part, struct sock_fprog *out)
+static int seccomp_compile(unsigned walls, struct sock_fprog *out)
 {
     scmp_filter_ctx ctx;
-    int rc = seccomp_build(part, &ctx);
+    int rc = seccomp_build(walls, &ctx);
     if (rc != 0)
         return rc;
     int fd = memfd_create("stockade-seccomp", MFD_CLOEXEC);
@@ -506,11 +529,12 @@ out:
     return rc;
 }
 
-static int seccomp_compile_once(enum seccomp_part part)
+int sandbox_seccomp_prepare_walls(unsigned walls)
 {
-    if (compiled[part].filter)
+    if (!sandbox_caps()->available[LAYER_SECCOMP] || walls >= WALLS_COMBINATIONS ||
+        compiled[walls].filter)
         return 0;
-    int rc = seccomp_compile(part, &compiled[part]);
+    int rc = seccomp_compile(walls, &compiled[walls]);
     if (rc != 0) {
         errno = -rc;
         return -1;
@@ -520,60 +544,46 @@ static int seccomp_compile_once(enum seccomp_part part)
 
 int sandbox_seccomp_prepare(void)
 {
-    if (!sandbox_caps()->available[LAYER_SECCOMP])
-        return 0;
-    for (int part = SECCOMP_BASE; part < SECCOMP_PARTS; part++)
-        if (seccomp_compile_once((enum seccomp_part)part) < 0)
+    for (unsigned walls = 0; walls < WALLS_COMBINATIONS; walls++)
+        if (sandbox_seccomp_prepare_walls(walls) < 0)
             return -1;
     return 0;
 }
 
-/* The filter a tool with these walls gets on top of the base one; SECCOMP_PARTS: none. */
-static enum seccomp_part walls_part(unsigned walls)
+static int seccomp_attach(unsigned walls)
 {
-    bool net = walls & SANDBOX_NET_CLOSED;
-    if (walls & SANDBOX_HOST_SHARED)
-        return net ? SECCOMP_HOST_SHARED_NET_CLOSED : SECCOMP_HOST_SHARED;
-    return net ? SECCOMP_NET_CLOSED : SECCOMP_PARTS;
-}
-
-int sandbox_seccomp_prepare_walls(unsigned walls)
-{
-    if (!sandbox_caps()->available[LAYER_SECCOMP])
-        return 0;
-    enum seccomp_part part = walls_part(walls);
-    if (seccomp_compile_once(SECCOMP_BASE) < 0)
+    if (walls >= WALLS_COMBINATIONS) {
+        errno = EINVAL;
         return -1;
-    return part == SECCOMP_PARTS ? 0 : seccomp_compile_once(part);
-}
-
-static int seccomp_attach(enum seccomp_part part)
-{
-    if (!compiled[part].filter && sandbox_seccomp_prepare() < 0)
+    }
+    if (!compiled[walls].filter && sandbox_seccomp_prepare_walls(walls) < 0)
         return -1;
     /* the kernel logs what the filter refuses (SECCOMP_FILTER_FLAG_LOG) */
     return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_LOG,
-                        &compiled[part]);
+                        &compiled[walls]);
 }
 
-int sandbox_seccomp_attach_base(void)
+int sandbox_seccomp_attach_self(unsigned walls)
 {
-    if (!sandbox_caps()->available[LAYER_SECCOMP] || base_attached)
+    if (!sandbox_caps()->available[LAYER_SECCOMP] || self_walls == (int)walls)
         return 0;
-    /* without CAP_SYS_ADMIN the kernel wants no_new_privs first; a shim execs nothing */
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 || seccomp_attach(SECCOMP_BASE) < 0)
+    /* A filter cannot be taken off: a runner serves tools of one set of walls only */
+    if (self_walls >= 0) {
+        errno = EBUSY;
         return -1;
-    base_attached = true;
+    }
+    /* without CAP_SYS_ADMIN the kernel wants no_new_privs first; a runner execs nothing */
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 || seccomp_attach(walls) < 0)
+        return -1;
+    self_walls = (int)walls;
     return 0;
 }
 
 int sandbox_apply_seccomp(unsigned walls)
 {
-    if (!sandbox_caps()->available[LAYER_SECCOMP])
-        return 0;
-    if (!base_attached && seccomp_attach(SECCOMP_BASE) < 0)
-        return -1;
-    /* one more filter per call at most: its attach is per-call cost */
-    enum seccomp_part part = walls_part(walls);
-    return part == SECCOMP_PARTS ? 0 : seccomp_attach(part);
+    if (!sandbox_caps()->available[LAYER_SECCOMP] || self_walls == (int)walls)
+        return 0;       /* inherited from the runner: the whole filter already */
+    /* none yet (a shim of its own), or a runner's of other walls (never sent one by the
+     * supervisor): the tool's own, stacked, refuses at least what it must */
+    return seccomp_attach(walls);
 }

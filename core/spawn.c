@@ -674,6 +674,12 @@ bool spawn_runner_call(const struct spawn_req *req, int in_fd, int out_fd, int e
      * the runner (SIGKILL). */
     if (prctl(PR_SET_PDEATHSIG, SIGUSR1, 0, 0, 0) < 0 || !runner_parent_alive())
         return false;
+    /* The tool's whole seccomp filter, on the runner itself at its first call: its tools
+     * inherit it and attach nothing (the attach, BPF JIT included, was most of a call's
+     * walls). The runner needs nothing the filter refuses. Should it fail, each tool
+     * attaches its own (sandbox_apply_seccomp). */
+    if (req->seccomp)
+        sandbox_seccomp_attach_self(req->walls);
     if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
         return false;
     close(in_fd);

@@ -492,8 +492,6 @@ static _Noreturn void spare_main(int sock, bool world, pid_t zygote, char *buf)
     if (world && mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
         _exit(1);
     spawn_shim_prepare(true);
-    if (sandbox_seccomp_attach_base() < 0)
-        _exit(1);
     spawn_runner_init(world ? 0 : zygote);
     for (;;) {
         int fds[5], nfds;
