@@ -6,6 +6,7 @@ itself (signals, ptrace, its descriptors and memory).
 
 Every test first checks that its calls did run on one runner (strict: one pid namespace
 across calls; process: one parent), so that it attacks what it means to."""
+import errno
 import json
 import os
 
@@ -188,3 +189,111 @@ def test_leader_exit_thread_group_through_run(sbx, marker, level):
     r = sbx.call(["python3", "-c", LEFTOVERS["leader_exit"], m], timeout_opt="15s")
     assert r.json["class"] == "OK" and r.out == "ok\n", r
     assert not live_with_marker(m), f"[{level}] a thread group outlived the call"
+
+
+# Syscalls the filter refuses, each with arguments under which the kernel itself would
+# answer otherwise (run unfiltered they succeed harmlessly or fail with another errno), so
+# that what the tool sees can only be the filter's answer. x86_64 numbers.
+DENIED = r"""
+import ctypes, errno, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def sc(nr, *args):
+    def f():
+        rc = libc.syscall(nr, *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+        if rc < 0:
+            e = ctypes.get_errno()
+            return errno.errorcode.get(e, str(e))
+        if nr == 41 or nr == 425:       # socket, io_uring_setup: an fd
+            os.close(rc)
+        return "ok"
+    return f
+AF_NETLINK, AF_INET, AF_UNIX, SOCK_RAW, SOCK_STREAM = 16, 2, 1, 3, 1
+TIOCSTI, KCMP_FILE, KEYCTL_GET_KEYRING_ID, KEY_SPEC_THREAD_KEYRING = 0x5412, 0, 0, -1
+me = os.getpid()
+probes = {
+    "keyctl": sc(250, KEYCTL_GET_KEYRING_ID, KEY_SPEC_THREAD_KEYRING, 0),
+    "io_uring_setup": sc(425, 0, None),
+    "kcmp": sc(312, me, me, KCMP_FILE, 0, 0),
+    "process_vm_readv": sc(310, me, None, 0, None, 0, 0),
+    "name_to_handle_at": sc(303, -100, b"/", None, None, 0),
+    "pidfd_getfd": sc(438, -1, 0, 0),
+    "setns": sc(308, -1, 0),
+    "unshare": sc(272, 0),
+    "perf_event_open": sc(298, None, 0, -1, -1, 0),
+    "open_tree": sc(428, -1, b"", 0),
+    "settimeofday": sc(164, None, None),
+    "clock_adjtime": sc(305, 0, None),
+    "adjtimex": sc(159, None),
+    "clone3": sc(435, None, 0),
+    "ioctl_tiocsti": sc(16, 0, TIOCSTI, None),
+    "socket_netlink": sc(41, AF_NETLINK, SOCK_RAW, 0),
+    "socket_inet": sc(41, AF_INET, SOCK_STREAM, 0),
+    # process isolation only: the host's IPC and file system
+    "shmctl": sc(31, -1, 2, None),
+    "msgctl": sc(71, -1, 2, None),
+    "semctl": sc(66, -1, 0, 2, None),
+    "mq_unlink": sc(241, b"/stockade-test-none"),
+    "setxattr": sc(188, b"/stockade-test-none", b"user.x", b"v", 1, 0),
+}
+print(json.dumps({name: f() for name, f in probes.items()}))
+"""
+DENIED_ANSWER = {
+    "clone3": "ENOSYS", "socket_netlink": "EAFNOSUPPORT", "socket_inet": "EAFNOSUPPORT",
+    "setxattr": errno.errorcode[errno.EOPNOTSUPP],     # the name Python gives 95
+}
+HOST_SHARED = ("shmctl", "msgctl", "semctl", "mq_unlink", "setxattr")
+
+
+def seccomp_filters(pid):
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+    return fields["Seccomp"].strip(), int(fields.get("Seccomp_filters", "1"))
+
+
+def test_runner_filter_refuses_each_denied_syscall(served, level):
+    """The runner attaches its tools' filter to itself at its first call, once: every
+    later call's tool inherits it and attaches nothing. Each syscall the filter denies
+    must still be refused, on every call the runner serves, and under one filter."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("the probe uses x86_64 syscall numbers")
+    # unfiltered (this test's own child): the kernel's answers, which the filter's must
+    # differ from for a probe to tell anything
+    import subprocess
+    import sys
+    outside = json.loads(subprocess.run([sys.executable, "-c", DENIED], check=True,
+                                        stdin=subprocess.DEVNULL, capture_output=True,
+                                        timeout=60).stdout)
+    s = served.open_session()
+    first = who(s, level)
+    telling = 0
+    for n in range(3):
+        r = s.call("python3", ["-c", DENIED])
+        assert r.ok, (r.class_, r.message, r.stderr[-2000:])
+        got = json.loads(r.stdout)
+        for name, answer in got.items():
+            if level == "strict" and name in HOST_SHARED:
+                # strict gives the session IPC of its own: these stay the kernel's
+                assert answer not in ("EPERM", errno.errorcode[errno.EOPNOTSUPP]), (name, got)
+                continue
+            want = DENIED_ANSWER.get(name, "EPERM")
+            if outside[name] == want:
+                continue        # the kernel would answer the same: this probe tells nothing
+            telling += n == 0
+            assert answer == want, \
+                f"[{level}] call {n + 1} on the runner: {name} answered {answer}, not {want}"
+    assert telling >= 10, f"premise: too few probes tell the filter from the kernel: {outside}"
+    # the same runner served them all, with one filter it kept
+    after = who(s, level)
+    assert same_runner(first, after, level), f"premise: one runner ({first}, {after})"
+    if level == "process":
+        assert seccomp_filters(after["runner"]) == ("2", 1), seccomp_filters(after["runner"])
+    status = s.call("sh", ["-c", "grep -E '^Seccomp(_filters)?:' /proc/self/status"
+                           + ("; grep -E '^Seccomp(_filters)?:' /proc/1/status"
+                              if level == "strict" else "")])
+    assert status.ok, (status.class_, status.message)
+    lines = status.stdout.decode().split()
+    # the tool, and under strict its runner (pid 1): filtered, by one filter
+    assert lines[:4] == ["Seccomp:", "2", "Seccomp_filters:", "1"], lines
+    if level == "strict":
+        assert lines[4:] == ["Seccomp:", "2", "Seccomp_filters:", "1"], lines
