@@ -493,17 +493,19 @@ static void shim_fail(struct shim_report *rep, enum shim_outcome outcome, int er
     shim_ask_successor(has_ready_fd);
 }
 
-/* The tool's stdio ends stay only with the tool, so EOF means the tree is done (the
- * shim writes nothing but its report). A runner keeps 0,1,2 taken by /dev/null. */
-static void shim_drop_stdio(void)
+/* Let go of the tool's stdio ends 0..last (the shim writes nothing but its report). A
+ * runner keeps them taken by /dev/null. */
+static void shim_drop_stdio_to(int last)
 {
     if (runner_devnull < 0) {
-        close_range(0, 2, 0);
+        close_range(0, (unsigned)last, 0);
         return;
     }
-    for (int fd = 0; fd <= 2; fd++)
+    for (int fd = 0; fd <= last; fd++)
         dup2(runner_devnull, fd);
 }
+
+static void shim_drop_stdio(void) { shim_drop_stdio_to(2); }
 
 /* One call, in a shim or a runner whose stdio (0,1,2) are the tool's and whose report
  * goes to shim_status_fd: start the tool, watch its tree, end it, reap every process of
@@ -536,13 +538,18 @@ static void shim_call(const struct spawn_req *req, bool pid1, bool has_ready_fd)
     int spawn_errno = errno;
     close(cwd_fd);
     close(errpipe[1]);
-    shim_drop_stdio();
     if (tool < 0) {
         close(errpipe[0]);
         close_quietly(&rootfd);
+        shim_drop_stdio();
         shim_fail(&rep, SHIM_FORK_FAILED, spawn_errno, has_ready_fd);
         return;
     }
+    /* stdin now: a tool that exits unread must break the supervisor's writes. Its stdout
+     * and stderr are held until the report (below): their EOF and the report then reach
+     * the supervisor together, one wake-up rather than one for each. EOF still means the
+     * tree is done, and the report that it is reaped. */
+    shim_drop_stdio_to(0);
 
     int err = 0;
     ssize_t n;
@@ -620,6 +627,7 @@ static void shim_call(const struct spawn_req *req, bool pid1, bool has_ready_fd)
 
     close_quietly(&rootfd);
     rep.wstatus = tool_status;
+    shim_drop_stdio();
     shim_report_write(&rep);
 }
 
