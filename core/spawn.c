@@ -72,26 +72,54 @@ static int set_limit(int resource, int64_t soft, int64_t hard)
     return setrlimit(resource, &rl);
 }
 
-static _Noreturn void tool_fail(int errpipe, int err)
+/* The tool's process borrows the shim's memory until it execs (CLONE_VM|CLONE_VFORK, as
+ * posix_spawn does): copying an address space costs more than the exec itself on a VM,
+ * and the shim has nothing to do until the exec is done. The child only makes syscalls
+ * (and, should a step fail, writes its errno where the shim reads it); everything it
+ * reads was prepared before (caps probed, seccomp compiled). Under ASan
+ * (SAN=1), whose runtime keeps per-thread state the child would share, a plain fork. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TOOL_SHARES_MEMORY 0
+#else
+#define TOOL_SHARES_MEMORY 1
+#endif
+
+/* What the tool's side is given, and how it says it could not exec: in memory it shares
+ * with the shim (read once clone returns, which waits for the exec or the exit, as
+ * posix_spawn does), or on a pipe where it has a copy (fork). */
+struct tool_start {
+    const struct spawn_req *req;
+    int cwd_fd;
+    int errpipe;                /* fork: the write end; -1 with shared memory */
+    volatile int err;           /* shared memory: errno of the failed step, 0 if none */
+};
+
+static _Noreturn void tool_fail(struct tool_start *ts, int err)
 {
-    ssize_t n = write(errpipe, &err, sizeof err);
-    (void)n;
+    if (ts->errpipe < 0) {
+        ts->err = err;
+    } else {
+        ssize_t n = write(ts->errpipe, &err, sizeof err);
+        (void)n;
+    }
     _exit(127);
 }
 
 /* The tool's side of the fork, in the shim's child: lock down, then exec. cwd_fd: the
  * workspace, opened pinned by the shim (shim_open_cwd). */
-static _Noreturn void tool_exec(const struct spawn_req *req, int cwd_fd, int errpipe)
+static _Noreturn void tool_exec(struct tool_start *ts)
 {
+    const struct spawn_req *req = ts->req;
+    int cwd_fd = ts->cwd_fd;
     if (setpgid(0, 0) < 0)
-        tool_fail(errpipe, errno);
+        tool_fail(ts, errno);
     /* Everything but 0,1,2 (and the CLOEXEC error pipe) is closed at exec. */
     if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
-        tool_fail(errpipe, errno);
+        tool_fail(ts, errno);
     /* by the fd the shim pinned: a path would be resolved as root, through whatever the
      * tool of an earlier call left there */
     if (fchdir(cwd_fd) < 0)
-        tool_fail(errpipe, errno);
+        tool_fail(ts, errno);
 
     if (req->drop_user) {
         /* raw syscalls: the C library's wrappers may signal "other threads" of a process
@@ -99,26 +127,26 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int cwd_fd, int err
         if (syscall(SYS_setgroups, 0, NULL) < 0 ||
             syscall(SYS_setresgid, req->gid, req->gid, req->gid) < 0 ||
             syscall(SYS_setresuid, req->uid, req->uid, req->uid) < 0)
-            tool_fail(errpipe, errno);
+            tool_fail(ts, errno);
         if (getuid() == 0 || geteuid() == 0)
-            tool_fail(errpipe, EPERM);
+            tool_fail(ts, EPERM);
     }
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-        tool_fail(errpipe, errno);
+        tool_fail(ts, errno);
     if (req->landlock) {
         struct sandbox_fs fs = {req->session_root, req->rw_paths, NULL};
         if ((req->landlock_fd >= 0 ? sandbox_landlock_restrict(req->landlock_fd)
                                    : sandbox_apply_landlock(&fs, req->walls &
                                                                   SANDBOX_NET_CLOSED)) < 0)
-            tool_fail(errpipe, errno);
+            tool_fail(ts, errno);
     }
     /* after Landlock: the filter refuses nothing Landlock needs, but keep walls in the
      * order they narrow */
     if (req->seccomp && sandbox_apply_seccomp(req->walls) < 0)
-        tool_fail(errpipe, errno);
+        tool_fail(ts, errno);
     /* After the uid change, which clears it: the tool dies with its shim. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
-        tool_fail(errpipe, errno);
+        tool_fail(ts, errno);
     /* Limits last: setting up the walls above may allocate, and RLIMIT_AS would refuse
      * an allocator that reserves much address space (ASan). Only lowering: allowed
      * after the uid change. */
@@ -131,7 +159,7 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int cwd_fd, int err
         (l->open_files > 0 && set_limit(RLIMIT_NOFILE, l->open_files, l->open_files) < 0) ||
         (req->drop_user && l->processes > 0 &&
          set_limit(RLIMIT_NPROC, l->processes, l->processes) < 0))
-        tool_fail(errpipe, errno);
+        tool_fail(ts, errno);
 
     /* Signals stay blocked until the last moment: a handler must not run on the
      * borrowed stack. */
@@ -139,43 +167,43 @@ static _Noreturn void tool_exec(const struct spawn_req *req, int cwd_fd, int err
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     execve(req->path, req->argv, req->envp);
-    tool_fail(errpipe, errno);
+    tool_fail(ts, errno);
 }
-
-/* The tool's process borrows the shim's memory until it execs (CLONE_VM|CLONE_VFORK, as
- * posix_spawn does): copying an address space costs more than the exec itself on a VM,
- * and the shim has nothing to do until the exec is done. The child only makes syscalls;
- * everything it reads was prepared before (caps probed, seccomp compiled). Under ASan
- * (SAN=1), whose runtime keeps per-thread state the child would share, a plain fork. */
-#if defined(__SANITIZE_ADDRESS__)
-#define TOOL_SHARES_MEMORY 0
-#else
-#define TOOL_SHARES_MEMORY 1
-#endif
-
-struct tool_start {
-    const struct spawn_req *req;
-    int cwd_fd;
-    int errpipe;
-};
 
 static int tool_child(void *arg)
 {
-    const struct tool_start *ts = arg;
+    struct tool_start *ts = arg;
     close(shim_status_fd);
-    tool_exec(ts->req, ts->cwd_fd, ts->errpipe);
+    tool_exec(ts);
 }
 
-static pid_t tool_spawn(const struct spawn_req *req, int cwd_fd, int errpipe)
+/* Start the tool: its pid once it has exec'd or failed to (*exec_err: 0, or the errno of
+ * the step that failed), or -1 with errno when it could not be started at all. */
+static pid_t tool_spawn(const struct spawn_req *req, int cwd_fd, int *exec_err)
 {
-    struct tool_start ts = {req, cwd_fd, errpipe};
 #if TOOL_SHARES_MEMORY
     static char stack[64 * 1024] __attribute__((aligned(16)));
-    return clone(tool_child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &ts);
+    struct tool_start ts = {req, cwd_fd, -1, 0};
+    pid_t pid = clone(tool_child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &ts);
+    *exec_err = ts.err;
+    return pid;
 #else
+    int errpipe[2];
+    if (pipe2(errpipe, O_CLOEXEC) < 0)
+        return -1;
+    struct tool_start ts = {req, cwd_fd, errpipe[1], 0};
     pid_t pid = fork();
     if (pid == 0)
         tool_child(&ts);
+    int e = errno;
+    close(errpipe[1]);
+    int err = 0;
+    ssize_t n = 0;
+    while (pid > 0 && (n = read(errpipe[0], &err, sizeof err)) < 0 && errno == EINTR)
+        ;
+    close(errpipe[0]);
+    *exec_err = n == (ssize_t)sizeof err ? err : 0;
+    errno = e;
     return pid;
 #endif
 }
@@ -525,21 +553,11 @@ static void shim_call(const struct spawn_req *req, bool pid1, bool has_ready_fd)
         shim_fail(&rep, SHIM_CWD_REFUSED, e, has_ready_fd);
         return;
     }
-    int errpipe[2];
-    if (pipe2(errpipe, O_CLOEXEC) < 0) {
-        int e = errno;
-        close_quietly(&cwd_fd);
-        close_quietly(&rootfd);
-        shim_drop_stdio();
-        shim_fail(&rep, SHIM_FORK_FAILED, e, has_ready_fd);
-        return;
-    }
-    pid_t tool = tool_spawn(req, cwd_fd, errpipe[1]);
+    int err = 0;
+    pid_t tool = tool_spawn(req, cwd_fd, &err);
     int spawn_errno = errno;
     close(cwd_fd);
-    close(errpipe[1]);
     if (tool < 0) {
-        close(errpipe[0]);
         close_quietly(&rootfd);
         shim_drop_stdio();
         shim_fail(&rep, SHIM_FORK_FAILED, spawn_errno, has_ready_fd);
@@ -551,12 +569,6 @@ static void shim_call(const struct spawn_req *req, bool pid1, bool has_ready_fd)
      * tree is done, and the report that it is reaped. */
     shim_drop_stdio_to(0);
 
-    int err = 0;
-    ssize_t n;
-    do
-        n = read(errpipe[0], &err, sizeof err);
-    while (n < 0 && errno == EINTR);
-    close(errpipe[0]);
     /* The tool runs (or could not be started): our zygote makes the next spare now, on
      * the CPU the tool is not using (earlier, it would compete with this call's start;
      * later, with its end). */
@@ -567,7 +579,7 @@ static void shim_call(const struct spawn_req *req, bool pid1, bool has_ready_fd)
     int64_t next_watch = now_ms() + 50, next_disk = now_ms() + 100, shared = 0;
     unsigned watches = 0;
     bool disk_watch = req->limits.disk > 0 || req->limits.inodes > 0;
-    if (n == (ssize_t)sizeof err) {
+    if (err != 0) {
         rep.outcome = SHIM_EXEC_FAILED;
         rep.err = err;
         killing = true;
