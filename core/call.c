@@ -303,12 +303,14 @@ static void on_quiet(struct ev_loop *loop, ev_timer *w, int revents)
         redact_feed(c, CALL_STDERR, NULL, 0, REDACT_QUIET);
 }
 
-static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
+/* Read what one stream holds, at most READS_PER_EVENT chunks (a flooding tool must not
+ * starve the other calls). True once it has ended: EOF (or a broken pipe, which is the
+ * same to us), or, with `reaped`, nothing left to read: the shim's report says every
+ * process of the tree is gone, and the shim, which still holds the write end until just
+ * after its report, writes nothing. */
+static bool stream_read(struct call *c, struct call_stream_state *st, bool reaped)
 {
-    (void)loop, (void)revents;
-    struct call *c = w->data;
-    bool is_out = w == &c->out.watcher;
-    struct call_stream_state *st = is_out ? &c->out : &c->err;
+    bool is_out = st == &c->out;
     char chunk[READ_CHUNK];
     for (int i = 0; i < READS_PER_EVENT; i++) {
         ssize_t n = read(st->fd, chunk, sizeof chunk);
@@ -316,17 +318,27 @@ static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
             capture(c, is_out ? CALL_STDOUT : CALL_STDERR, chunk, (size_t)n);
             continue;
         }
-        if (n < 0 && (errno == EAGAIN || errno == EINTR))
-            return;
-        /* EOF (or a broken pipe, which is the same to us): what was held goes now */
+        if (n < 0 && errno == EINTR)
+            return false;
+        if (n < 0 && errno == EAGAIN && !reaped)
+            return false;
+        /* the end: what was held goes now */
         if (c->tool->redact_active)
             redact_feed(c, is_out ? CALL_STDOUT : CALL_STDERR, NULL, 0, REDACT_EOF);
-        ev_io_stop(c->loop, w);
+        ev_io_stop(c->loop, &st->watcher);
         close_quietly(&st->fd);
         st->eof = true;
-        maybe_answer(c);
-        return;
+        return true;
     }
+    return false;
+}
+
+static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop, (void)revents;
+    struct call *c = w->data;
+    if (stream_read(c, w == &c->out.watcher ? &c->out : &c->err, false))
+        maybe_answer(c);
 }
 
 static void on_stdin_writable(struct ev_loop *loop, ev_io *w, int revents)
@@ -592,6 +604,13 @@ static void shim_done(struct call *c, const struct shim_report *rep, int wstatus
                   c->req.tool, rep->swept);
     }
     c->state = CALL_REAPED;
+    /* With the report, what the output pipes hold is all there will be: read it now
+     * rather than wait for their EOF, one more wake-up (unless the client is behind:
+     * then the watchers take it as it reads) */
+    struct call_stream_state *streams[] = {&c->out, &c->err};
+    for (size_t i = 0; rep && !c->paused && i < ARRAY_LEN(streams); i++)
+        if (!streams[i]->eof)
+            stream_read(c, streams[i], true);
     if (c->out.eof && c->err.eof) {
         answer(c);
         return;

@@ -564,9 +564,9 @@ static void shim_call(const struct spawn_req *req, bool pid1, bool has_ready_fd)
         return;
     }
     /* stdin now: a tool that exits unread must break the supervisor's writes. Its stdout
-     * and stderr are held until the report (below): their EOF and the report then reach
-     * the supervisor together, one wake-up rather than one for each. EOF still means the
-     * tree is done, and the report that it is reaped. */
+     * and stderr are held until just after the report (below): the supervisor, woken by
+     * the report, reads what they hold to the end without waiting for their EOF, one
+     * wake-up rather than three. EOF still means the tree is done. */
     shim_drop_stdio_to(0);
 
     /* The tool runs (or could not be started): our zygote makes the next spare now, on
@@ -639,8 +639,8 @@ static void shim_call(const struct spawn_req *req, bool pid1, bool has_ready_fd)
 
     close_quietly(&rootfd);
     rep.wstatus = tool_status;
-    shim_drop_stdio();
     shim_report_write(&rep);
+    shim_drop_stdio();
 }
 
 static _Noreturn void shim_main(const struct spawn_req *req, pid_t parent, bool has_ready_fd)
