@@ -350,6 +350,27 @@ def test_call_stdin_and_binary_output(session):
     assert r.ok and r.stdout == b"\xff\xfe\x00ok"
 
 
+def test_output_complete_when_the_tree_ends(session):
+    """The answer takes what the output pipes hold to their end as soon as the runner
+    reports the tree reaped, without waiting for their EOF: every byte written before
+    the end must be there, on both streams, below, at and above a pipe's capacity."""
+    for n in (0, 1, 4095, 65536, 65537, 300_000):
+        r = session.call("sh", ["-c", f"head -c {n} /dev/zero | tr '\\0' a; "
+                                      f"head -c {n} /dev/zero | tr '\\0' b >&2"])
+        assert r.ok, (n, r.class_, r.message)
+        assert (len(r.stdout), len(r.stderr)) == (n, n), n
+        assert r.stdout == b"a" * n and r.stderr == b"b" * n, n
+    # the last act of the tool: a pipe's worth on each stream, then its exit, so that
+    # what it wrote is often still in the pipes when the report arrives
+    for _ in range(20):
+        r = session.call("head", ["-c", "65536", "/dev/zero"])
+        assert r.ok, (r.class_, r.message)
+        assert r.stdout == bytes(65536), len(r.stdout)
+        r = session.call("sh", ["-c", "exec head -c 65536 /dev/zero >&2"])
+        assert r.ok, (r.class_, r.message)
+        assert r.stderr == bytes(65536), len(r.stderr)
+
+
 def test_call_tool_error(session):
     r = session.call("false")
     assert r.class_ == "TOOL_ERROR" and r.exit_code == 1 and r.signal is None
