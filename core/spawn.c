@@ -113,7 +113,7 @@ static _Noreturn void tool_exec(struct tool_start *ts)
     int cwd_fd = ts->cwd_fd;
     if (setpgid(0, 0) < 0)
         tool_fail(ts, errno);
-    /* Everything but 0,1,2 (and the CLOEXEC error pipe) is closed at exec. */
+    /* Everything but 0,1,2 (and, forked, the CLOEXEC error pipe) is closed at exec. */
     if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
         tool_fail(ts, errno);
     /* by the fd the shim pinned: a path would be resolved as root, through whatever the
