@@ -9,6 +9,8 @@ across calls; process: one parent), so that it attacks what it means to."""
 import errno
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -259,8 +261,6 @@ def test_runner_filter_refuses_each_denied_syscall(served, level):
         pytest.skip("the probe uses x86_64 syscall numbers")
     # unfiltered (this test's own child): the kernel's answers, which the filter's must
     # differ from for a probe to tell anything
-    import subprocess
-    import sys
     outside = json.loads(subprocess.run([sys.executable, "-c", DENIED], check=True,
                                         stdin=subprocess.DEVNULL, capture_output=True,
                                         timeout=60).stdout)
