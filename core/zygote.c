@@ -492,6 +492,12 @@ static _Noreturn void spare_main(int sock, bool world, pid_t zygote, char *buf)
     if (world && mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
         _exit(1);
     spawn_shim_prepare(true);
+    /* The filter its first call attaches, compiled now if it was not before this spare
+     * was forked (a run's spawner starts before its policy is read): off the call's path.
+     * Only the likeliest (a closed network; the spawner's calls share the host), the one
+     * that costs a compile of its own; another is compiled when a call needs it. */
+    if (sandbox_seccomp_prepare_walls(SANDBOX_NET_CLOSED | (world ? 0 : SANDBOX_HOST_SHARED)) < 0)
+        _exit(1);
     spawn_runner_init(world ? 0 : zygote);
     for (;;) {
         int fds[5], nfds;
