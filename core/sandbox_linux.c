@@ -550,12 +550,20 @@ int sandbox_seccomp_prepare(void)
     return 0;
 }
 
+/* A set of walls a filter was compiled for: anything else is refused before it is
+ * compared with self_walls, whose -1 ("none attached") an (int) cast of ~0u would match. */
+static bool walls_known(unsigned walls)
+{
+    if (walls < WALLS_COMBINATIONS)
+        return true;
+    errno = EINVAL;
+    return false;
+}
+
 static int seccomp_attach(unsigned walls)
 {
-    if (walls >= WALLS_COMBINATIONS) {
-        errno = EINVAL;
+    if (!walls_known(walls))
         return -1;
-    }
     if (!compiled[walls].filter && sandbox_seccomp_prepare_walls(walls) < 0)
         return -1;
     /* the kernel logs what the filter refuses (SECCOMP_FILTER_FLAG_LOG) */
@@ -565,6 +573,8 @@ static int seccomp_attach(unsigned walls)
 
 int sandbox_seccomp_attach_self(unsigned walls)
 {
+    if (!walls_known(walls))
+        return -1;
     if (!sandbox_caps()->available[LAYER_SECCOMP] || self_walls == (int)walls)
         return 0;
     /* A filter cannot be taken off: a runner serves tools of one set of walls only */
@@ -581,6 +591,8 @@ int sandbox_seccomp_attach_self(unsigned walls)
 
 int sandbox_apply_seccomp(unsigned walls)
 {
+    if (!walls_known(walls))
+        return -1;
     if (!sandbox_caps()->available[LAYER_SECCOMP] || self_walls == (int)walls)
         return 0;       /* inherited from the runner: the whole filter already */
     /* none yet (a shim of its own), or a runner's of other walls (never sent one by the

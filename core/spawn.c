@@ -96,6 +96,9 @@ struct tool_start {
 
 static _Noreturn void tool_fail(struct tool_start *ts, int err)
 {
+    /* 0 would read as "it exec'd", and the failure as the tool's own exit 127 */
+    if (err == 0)
+        err = EIO;
     if (ts->errpipe < 0) {
         ts->err = err;
     } else {
@@ -662,6 +665,9 @@ void spawn_runner_init(pid_t parent)
     if (!shim_prepared)
         spawn_shim_prepare(false);
     runner_parent = parent;
+    /* during a call its fd 2 is the tool's stderr, which goes to the client: no line of
+     * ours may land there */
+    log_fd = -1;
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     /* Its tools may share its uid (no root): they must not read its memory or its fds */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -717,6 +723,7 @@ void spawn_shim_enter(const struct spawn_req *req, int in_fd, int out_fd, int er
 {
     if (!shim_prepared)
         spawn_shim_prepare(false);
+    log_fd = -1;        /* fd 2 becomes the tool's stderr, which goes to the client */
     /* Sources are all above the fds they go to (the supervisor keeps 0,1,2 open; a spare
      * 0 to SHIM_READY_FD), so these dup2 calls never clobber one another. */
     if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0 ||

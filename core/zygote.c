@@ -439,7 +439,8 @@ static bool zyg_request_parse(char *msg, size_t n, struct zyg_request *r)
     char *p = msg + sizeof h, *end = msg + n;
     char *path = next_str(&p, end), *cwd = next_str(&p, end), *root = next_str(&p, end);
     bool ok = h.magic == ZYG_MAGIC && path && cwd && root && h.argc < 100000 &&
-              h.envc < 100000 && h.rwc < 1000;
+              h.envc < 100000 && h.rwc < 1000 &&
+              (h.walls & ~(uint32_t)(SANDBOX_NET_CLOSED | SANDBOX_HOST_SHARED)) == 0;
     if (!ok)
         return false;
     r->argv = xcalloc(h.argc + 1, sizeof *r->argv);
