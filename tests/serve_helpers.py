@@ -376,6 +376,18 @@ def stop_all(servers, after=None):
         raise first
 
 
+SANITIZER_WORDS = ("AddressSanitizer", "LeakSanitizer", "runtime error:")
+
+
+def assert_no_sanitizer_reports(log_path, extra=()):
+    """A server's log, once it is stopped, carries no sanitizer report (nor any of
+    `extra`): under SAN=1 a report there is a failure even when every answer was right."""
+    with open(log_path, "rb") as f:
+        log = f.read().decode("utf-8", "replace")
+    for word in SANITIZER_WORDS + tuple(extra):
+        assert word not in log, f"serve reported {word}: {log[-3000:]}"
+
+
 def clean_env():
     """The test's environment minus what would change the server's behaviour: an
     inherited depth, and variables the policies' env.deny patterns match (the server

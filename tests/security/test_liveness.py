@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
 
 import noisy  # noqa: E402
-from serve_helpers import live_with_marker, stop_all  # noqa: E402
+from serve_helpers import assert_no_sanitizer_reports, live_with_marker, stop_all  # noqa: E402
 from noisy import (ATTACKS, Server, measure, raw_open_session, raw_read_responses,  # noqa: E402
                    raw_request)
 
@@ -57,9 +57,7 @@ def serve(stockade, state_dir):
     yield _new
     stop_all(made)
     for s in made:              # the verdicts once none is left running
-        log = open(s.log_path, errors="replace").read()
-        for word in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
-            assert word not in log, f"serve reported {word}: {log[-3000:]}"
+        assert_no_sanitizer_reports(s.log_path)
 
 
 def stats(server):

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
 
 import noisy  # noqa: E402
 from noisy import Server, raw_read_responses, raw_request  # noqa: E402
-from serve_helpers import stop_all, wait_until  # noqa: E402
+from serve_helpers import assert_no_sanitizer_reports, stop_all, wait_until  # noqa: E402
 from stockade_testlib import policy_at_level  # noqa: E402
 
 # Another session's worst `hello` while a zygote is held: a bound, not a speed target
@@ -66,9 +66,7 @@ def serve(stockade, state_dir, strict_policy):
     yield _new
     stop_all(made)
     for s in made:              # the verdicts once none is left running
-        log = open(s.log_path, errors="replace").read()
-        for word in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
-            assert word not in log, f"serve reported {word}: {log[-3000:]}"
+        assert_no_sanitizer_reports(s.log_path)
 
 
 class HelloProber:
@@ -213,10 +211,9 @@ def test_stopping_a_frozen_zygote_does_not_wait_for_it(serve, freezer):
     assert worst < BOUND, f"another client's hello waited {worst:.2f}s while a zygote died"
 
 
-def session_with_idle_runner(srv):
-    """A strict session that has run one call (its runner idle again), and its zygote."""
-    before = zygotes(srv)
-    sock = srv.raw()
+def open_and_run_true(sock):
+    """session.open (msgid 1) and one `true` in it (msgid 2) on a raw connection: the
+    session's id, its runner idle again."""
     sock.sendall(raw_request(1, "session.open", {}))
     err, res = raw_read_responses(sock, 1, 30).get(1, ("no answer", None))
     assert err is None, err
@@ -224,6 +221,14 @@ def session_with_idle_runner(srv):
     call(sock, 2, sid, "true")
     err, res = raw_read_responses(sock, 1, 30).get(2, ("no answer", None))
     assert err is None and res["class"] == "OK", (err, res)
+    return sid
+
+
+def session_with_idle_runner(srv):
+    """A strict session that has run one call (its runner idle again), and its zygote."""
+    before = zygotes(srv)
+    sock = srv.raw()
+    sid = open_and_run_true(sock)
     return sock, sid, until(lambda: zygotes(srv) - before, 10, "the session's zygote").pop()
 
 
@@ -261,13 +266,7 @@ def test_an_adopted_session_builds_its_zygote_off_the_loop(serve):
     answers everyone else, and the call runs once the zygote goes on."""
     srv1 = serve()
     sock = srv1.raw()
-    sock.sendall(raw_request(1, "session.open", {}))
-    err, res = raw_read_responses(sock, 1, 30).get(1, ("no answer", None))
-    assert err is None, err
-    sid = res["session_id"]
-    call(sock, 2, sid, "true")
-    err, res = raw_read_responses(sock, 1, 30).get(2, ("no answer", None))
-    assert err is None and res["class"] == "OK", (err, res)
+    sid = open_and_run_true(sock)
     sock.close()
     srv1.proc.send_signal(signal.SIGKILL)        # a crash: the session is left on disk
     srv1.proc.wait(30)
