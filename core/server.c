@@ -141,6 +141,8 @@ struct server {
     int64_t last_cost_ms;           /* what that walk took */
     bool last_stale;                /* calls or sessions came or went since */
     struct zombie_watch zombies;
+    struct zygote *prepared;        /* strict: the next session's world, made ahead */
+    unsigned prepared_gen;          /* the policy generation it was made for */
     int fd_baseline;
     struct alarm alarms[ALARM_COUNT];
     ev_timer metrics_timer;
@@ -722,6 +724,8 @@ static void pack_session_info(msgpack_packer *pk, const struct srv_session *ss)
 }
 
 /* Reattach: the same uid may pick up its session on another connection. */
+static void prepared_refill(struct server *srv);
+
 /* A strict session's zygote is ready (or failed): session.open is answered now. */
 static void on_zygote_ready(struct ev_loop *loop, ev_io *w, int revents)
 {
@@ -731,6 +735,7 @@ static void on_zygote_ready(struct ev_loop *loop, ev_io *w, int revents)
     struct zygote *z = ss->starting;
     ss->starting = NULL;
     char *err = NULL;
+    struct server *srv = ss->srv;
     if (zygote_start_finish(z, &err) == 0) {
         ss->s->zygote = z;
         if (ss->open_conn) {
@@ -739,14 +744,17 @@ static void on_zygote_ready(struct ev_loop *loop, ev_io *w, int revents)
             rpc_conn_flush(ss->open_conn->rpc);
         }
         ss->open_conn = NULL;
-        return;
+    } else {
+        LOG_W("session.open: %s", err);
+        if (ss->open_conn)
+            rpc_send_error(ss->open_conn->rpc, ss->open_msgid, "INTERNAL", false, err, NULL);
+        free(err);
+        ss->open_conn = NULL;
+        session_end(ss, NULL);
     }
-    LOG_W("session.open: %s", err);
-    if (ss->open_conn)
-        rpc_send_error(ss->open_conn->rpc, ss->open_msgid, "INTERNAL", false, err, NULL);
-    free(err);
-    ss->open_conn = NULL;
-    session_end(ss, NULL);
+    /* the next session's world (if this one took it), once this one has its answer: the
+     * fork is the loop's time */
+    prepared_refill(srv);
 }
 
 static void session_reattach(struct srv_conn *conn, uint32_t msgid, struct srv_session *ss)
@@ -760,6 +768,34 @@ static void session_reattach(struct srv_conn *conn, uint32_t msgid, struct srv_s
     msgpack_packer *pk = result_begin(conn, msgid, 4);
     pack_session_info(pk, ss);
     rpc_conn_flush(conn->rpc);
+}
+
+/* Strict: the next session's world made ahead of it (one; zygote.h, zygote_bind), so
+ * that session.open attaches only the session's root and tmp: a new network namespace
+ * and some thirty mount operations are off its path. Remade once taken, and for a new
+ * policy. */
+static void prepared_refill(struct server *srv)
+{
+    if (srv->prepared && srv->prepared_gen != srv->policy->generation) {
+        zygote_stop(srv->prepared);
+        srv->prepared = NULL;
+    }
+    if (srv->prepared || srv->draining || strcmp(srv->policy->isolation, "strict") != 0 ||
+        !zygote_prepare_enabled())
+        return;
+    char *err = NULL;
+    struct zygote_config zc = {
+        .state_dir = srv->state_dir, .mounts = srv->policy->mounts,
+        .nmounts = srv->policy->nmounts,
+        .loopback_up = strcmp(srv->policy->network, "loopback") == 0,
+    };
+    srv->prepared = zygote_start_begin(&zc, &err);
+    if (!srv->prepared) {
+        LOG_W("no session world made ahead (sessions build their own): %s", err);
+        free(err);
+        return;
+    }
+    srv->prepared_gen = srv->policy->generation;
 }
 
 /* An errno that says the server is short of something that comes back (descriptors,
@@ -805,7 +841,10 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
         snprintf(rec.policy_sha256, sizeof rec.policy_sha256, "%s", srv->policy->sha256);
         s = session_open_recorded(srv->state_dir, id, false, srv->opts->uids, &rec, &err);
         int saved = errno;
-        if (s && !session_isolate_begin(s, srv->policy, srv->spawner, &starting, &err)) {
+        if (srv->prepared && srv->prepared_gen != srv->policy->generation)
+            prepared_refill(srv);       /* made for an older policy */
+        if (s && !session_isolate_begin(s, srv->policy, srv->spawner, &srv->prepared,
+                                        &starting, &err)) {
             saved = errno;
             session_close(s);
             s = NULL;
@@ -1496,7 +1535,8 @@ static void m_hello(struct srv_conn *conn, uint32_t msgid, const msgpack_object 
  * sessions' Landlock rulesets. Alarms and the soak measure growth beyond it. */
 static unsigned standby_count(struct server *srv, int wait_ms, unsigned *fds)
 {
-    unsigned procs = zygote_standby(srv->spawner, wait_ms, fds);
+    unsigned procs = zygote_standby(srv->spawner, wait_ms, fds) +
+                     zygote_standby(srv->prepared, wait_ms, fds);
     for (struct srv_session *ss = srv->sessions; ss; ss = ss->next) {
         procs += zygote_standby(ss->s->zygote, wait_ms, fds);
         procs += zygote_runners_standby(ss->s->runners, fds);
@@ -1648,6 +1688,7 @@ static struct policy *reload_checked(struct server *srv, char **err)
     srv->policy = p;
     policy_unref(old);
     LOG_I("policy %s loaded: generation %u", srv->policy_path, p->generation);
+    prepared_refill(srv);
     if (srv->on_reload)
         srv->on_reload(srv->on_reload_ud);
     return p;
@@ -2276,6 +2317,7 @@ static void upgrade_abort(struct server *srv, const char *why)
             free(err);
         }
     }
+    prepared_refill(srv);
     server_recover(srv);
     if (srv->listen_fd >= 0)
         ev_io_start(srv->loop, &srv->listen_watcher);
@@ -2371,6 +2413,8 @@ static void upgrade_begin(struct server *srv)
     srv->nsessions = 0;
     zygote_stop(srv->spawner);
     srv->spawner = NULL;
+    zygote_stop(srv->prepared);
+    srv->prepared = NULL;
     while (srv->nretired > 0)
         zygote_stop(srv->retired[--srv->nretired]);
     if (srv->cleaning)
@@ -2471,6 +2515,7 @@ struct server *server_new(const struct server_opts *opts)
         free(err);
         err = NULL;
     }
+    prepared_refill(srv);
 
     /* after the spawner's fork: it does not hold the lock on our behalf */
     srv->holder_fd = -1;
@@ -2564,6 +2609,7 @@ void server_free(struct server *srv)
         free(ss);
     }
     zygote_stop(srv->spawner);
+    zygote_stop(srv->prepared);
     while (srv->nretired > 0)
         zygote_stop(srv->retired[--srv->nretired]);
     free(srv->retired);

@@ -395,7 +395,7 @@ bool session_isolate(struct session *s, const struct policy *p, struct zygote *s
                      char **err)
 {
     struct zygote *starting;
-    if (!session_isolate_begin(s, p, spawner, &starting, err))
+    if (!session_isolate_begin(s, p, spawner, NULL, &starting, err))
         return false;
     if (starting) {
         struct pollfd pf = {zygote_start_fd(starting), POLLIN, 0};
@@ -412,7 +412,7 @@ bool session_isolate_async(struct session *s, const struct policy *p, struct zyg
                            char **err)
 {
     struct zygote *starting;
-    if (!session_isolate_begin(s, p, spawner, &starting, err))
+    if (!session_isolate_begin(s, p, spawner, NULL, &starting, err))
         return false;
     if (starting)
         s->zygote = starting;
@@ -420,11 +420,24 @@ bool session_isolate_async(struct session *s, const struct policy *p, struct zyg
 }
 
 bool session_isolate_begin(struct session *s, const struct policy *p, struct zygote *spawner,
-                           struct zygote **starting, char **err)
+                           struct zygote **prepared, struct zygote **starting, char **err)
 {
     *starting = NULL;
     s->net_closed = strcmp(p->network, "loopback") != 0;
     if (strcmp(p->isolation, "strict") == 0) {
+        /* a world made ahead for this policy: only the session's part is left to attach */
+        struct zygote *ahead = prepared ? *prepared : NULL;
+        if (ahead) {
+            *prepared = NULL;
+            char *why = NULL;
+            if (zygote_bind(ahead, s->root, &why) == 0) {
+                *starting = ahead;
+                return true;
+            }
+            LOG_W("session %s: the world made ahead is not used: %s", s->id, why);
+            free(why);
+            zygote_stop(ahead);
+        }
         struct zygote_config zc = {
             .state_dir = s->state_dir, .session_root = s->root, .mounts = p->mounts,
             .nmounts = p->nmounts, .loopback_up = !s->net_closed,

@@ -76,9 +76,11 @@ bool session_isolate(struct session *s, const struct policy *p, struct zygote *s
 struct zygote *session_zygote_take(struct session *s);
 /* The same without waiting for a strict session's zygote: it is only started, in
  * *starting (the caller finishes it with zygote_start_finish once zygote_start_fd is
- * readable, and puts it in s->zygote); *starting NULL: the session is ready now. */
+ * readable, and puts it in s->zygote); *starting NULL: the session is ready now.
+ * *prepared (if given and not NULL): a world made ahead for this policy (zygote.h,
+ * zygote_bind), taken (set to NULL) and used, or stopped if it cannot be. */
 bool session_isolate_begin(struct session *s, const struct policy *p, struct zygote *spawner,
-                           struct zygote **starting, char **err);
+                           struct zygote **prepared, struct zygote **starting, char **err);
 /* The same, with a strict session's zygote put in s->zygote while it starts: its calls
  * wait for it (zygote.h, EINPROGRESS) and the caller does not. */
 bool session_isolate_async(struct session *s, const struct policy *p, struct zygote *spawner,

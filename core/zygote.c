@@ -199,10 +199,60 @@ static const char *const world_devs[] = {"null", "zero", "full", "random", "uran
 struct world_parts {
     int sys[ARRAY_LEN(system_dirs)];
     char syslink[ARRAY_LEN(system_dirs)][256];     /* merged /usr: /bin -> usr/bin */
-    int session, session_tmp;
+    int session, session_tmp[2];    /* the session's root; its tmp, for /tmp and /var/tmp */
     int dev[ARRAY_LEN(world_devs)];
     int *mounts;                                    /* cfg->nmounts of them */
 };
+
+/* Detached copies of a session's root and of its tmp (nosuid, nodev, and private: a
+ * mount made beneath them in a world never shows on the host). The tmp is the tool's to
+ * replace (a kept root): pinned beneath the root. Done in the zygote's own copy of the
+ * host tree, or by the supervisor for a zygote made ahead (zygote_bind). 0, or -1 with
+ * errno and *what. */
+static int session_trees_clone(const char *session_root, int *root_tree, int tmp_trees[2],
+                               const char **what)
+{
+    struct mount_attr a = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                           .propagation = MS_PRIVATE};
+    *root_tree = tmp_trees[0] = tmp_trees[1] = -1;
+    *what = "open the session root";
+    int root = open(session_root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (root < 0)
+        return -1;
+    *what = "clone the session root";
+    *root_tree = (int)syscall(SYS_open_tree, root, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC |
+                              AT_EMPTY_PATH);
+    int tmp = -1;
+    if (*root_tree >= 0) {
+        *what = "session root attributes";
+        if (syscall(SYS_mount_setattr, *root_tree, "", AT_EMPTY_PATH, &a, sizeof a) == 0) {
+            *what = "clone the session tmp";
+            tmp = root_open_beneath(root, "tmp", O_PATH | O_DIRECTORY, 0);
+        }
+    }
+    /* two: one for /tmp, one for /var/tmp (a detached copy cannot be copied again in
+     * another mount namespace) */
+    bool ok = tmp >= 0;
+    for (int i = 0; ok && i < 2; i++) {
+        tmp_trees[i] = (int)syscall(SYS_open_tree, tmp, "", OPEN_TREE_CLONE |
+                                    OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+        *what = "session tmp attributes";
+        ok = tmp_trees[i] >= 0 &&
+             syscall(SYS_mount_setattr, tmp_trees[i], "", AT_EMPTY_PATH, &a, sizeof a) == 0;
+    }
+    int e = errno;
+    if (tmp >= 0)
+        close(tmp);
+    close(root);
+    if (!ok) {
+        close_quietly(root_tree);
+        close_quietly(&tmp_trees[0]);
+        close_quietly(&tmp_trees[1]);
+        errno = e;
+        return -1;
+    }
+    return 0;
+}
 
 static void world_map_ids(uid_t outer_uid, gid_t outer_gid)
 {
@@ -242,22 +292,12 @@ static void world_take(const struct zygote_config *cfg, struct world_parts *w)
                                        MOUNT_ATTR_NODEV, true) < 0))
             zdie(system_dirs[i]);
     }
-    w->session = clone_tree(cfg->session_root, false);
-    if (w->session < 0)
-        zdie("clone the session root");
-    if (set_attr(w->session, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false) < 0)
-        zdie("session root attributes");
-    /* the session's tmp is the tool's to replace (a kept root): pinned beneath the root */
-    int root = open(cfg->session_root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    int tmp = root >= 0 ? root_open_beneath(root, "tmp", O_PATH | O_DIRECTORY, 0) : -1;
-    w->session_tmp = tmp < 0 ? -1 : (int)syscall(SYS_open_tree, tmp, "", OPEN_TREE_CLONE |
-                                                 OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
-    if (w->session_tmp < 0)
-        zdie("clone the session tmp");
-    close(tmp);
-    close(root);
-    if (set_attr(w->session_tmp, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false) < 0)
-        zdie("session tmp attributes");
+    w->session = w->session_tmp[0] = w->session_tmp[1] = -1;
+    if (cfg->session_root) {
+        const char *what = NULL;
+        if (session_trees_clone(cfg->session_root, &w->session, w->session_tmp, &what) < 0)
+            zdie(what);
+    }
     for (size_t i = 0; i < ARRAY_LEN(world_devs); i++) {
         char p[32];
         snprintf(p, sizeof p, "/dev/%s", world_devs[i]);
@@ -271,6 +311,14 @@ static void world_take(const struct zygote_config *cfg, struct world_parts *w)
         if (cfg->mounts[i].ro && set_attr(w->mounts[i], MOUNT_ATTR_RDONLY, true) < 0)
             zdie("read-only mount");
     }
+}
+
+/* The state dir lies beneath `dir` (/tmp or /var/tmp: tests, odd set-ups). */
+static bool state_dir_beneath(const struct zygote_config *cfg, const char *dir)
+{
+    size_t n = strlen(dir);
+    return strncmp(cfg->state_dir, dir, n) == 0 &&
+           (cfg->state_dir[n] == '/' || cfg->state_dir[n] == 0);
 }
 
 /* The new root: an empty tmpfs (in a scaffold tmpfs over /tmp, this mount namespace
@@ -306,30 +354,14 @@ static void world_assemble(const struct zygote_config *cfg, struct world_parts *
     /* /tmp and /var/tmp are the session's tmp. Where the state dir lies beneath one of
      * them (tests, odd set-ups), the path to the session root must exist there: that one
      * is a tmpfs of the world's own instead (writable, nosuid, nodev, bounded), which
-     * holds that path; the session root is attached on it below. */
+     * holds that path; the session root is attached on it (world_attach_session). */
     static const char *const tmps[] = {"/tmp", "/var/tmp"};
     for (size_t i = 0; i < ARRAY_LEN(tmps); i++) {
-        size_t tl = strlen(tmps[i]);
         snprintf(path, sizeof path, NEWROOT "%s", tmps[i]);
-        if (strncmp(cfg->state_dir, tmps[i], tl) == 0 &&
-            (cfg->state_dir[tl] == '/' || cfg->state_dir[tl] == 0)) {
-            if (mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m") < 0)
-                zdie(tmps[i]);
-            continue;
-        }
-        /* a copy of the detached clone, so each place gets its own mount */
-        int t = (int)syscall(SYS_open_tree, w->session_tmp, "",
-                             OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
-        if (t < 0 || attach(t, path) < 0)
+        if (state_dir_beneath(cfg, tmps[i]) &&
+            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m") < 0)
             zdie(tmps[i]);
-        close(t);
     }
-    /* The session's own root, at the same path as outside (AGENT_ROOT means the same
-     * thing on both sides); no other session exists here. */
-    snprintf(path, sizeof path, NEWROOT "%s", cfg->session_root);
-    mkdirs(path, 0711);     /* traversable by the tool's uid, not listable */
-    if (attach(w->session, path) < 0)
-        zdie("attach the session root");
     /* A minimal /dev. */
     if (mount("tmpfs", NEWROOT "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k") < 0)
         zdie("/dev");
@@ -349,10 +381,31 @@ static void world_assemble(const struct zygote_config *cfg, struct world_parts *
     for (size_t i = 0; i < ARRAY_LEN(links); i++)
         if (symlink(links[i][0], links[i][1]) < 0)
             zdie(links[i][1]);
+}
+
+/* What is the session's in the world, beneath `top` (the new root before the pivot, ""
+ * after): its tmp at /tmp and /var/tmp, its root, the policy's mounts inside the root. */
+static void world_attach_session(const struct zygote_config *cfg, struct world_parts *w,
+                                 const char *top, const char *session_root)
+{
+    char path[4096];
+    static const char *const tmps[] = {"/tmp", "/var/tmp"};
+    for (size_t i = 0; i < ARRAY_LEN(tmps); i++) {
+        if (state_dir_beneath(cfg, tmps[i]))
+            continue;       /* a tmpfs of the world's own, holding the path to the root */
+        snprintf(path, sizeof path, "%s%s", top, tmps[i]);
+        if (attach(w->session_tmp[i], path) < 0)
+            zdie(tmps[i]);
+    }
+    /* The session's own root, at the same path as outside (AGENT_ROOT means the same
+     * thing on both sides); no other session exists here. */
+    snprintf(path, sizeof path, "%s%s", top, session_root);
+    mkdirs(path, 0711);     /* traversable by the tool's uid, not listable */
+    if (attach(w->session, path) < 0)
+        zdie("attach the session root");
     /* The policy's mounts, inside the session root: the root is the tool's (a kept root
      * has had tools in it), so each destination is made and entered beneath it, never
      * through a symlink a tool planted, and refused if it cannot be. */
-    snprintf(path, sizeof path, NEWROOT "%s", cfg->session_root);
     int sroot = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (sroot < 0)
         zdie("open the session root");
@@ -366,6 +419,9 @@ static void world_assemble(const struct zygote_config *cfg, struct world_parts *
     close(sroot);
     free(w->mounts);
     w->mounts = NULL;
+    close_quietly(&w->session);
+    close_quietly(&w->session_tmp[0]);
+    close_quietly(&w->session_tmp[1]);
 }
 
 static void world_seal_and_pivot(void)
@@ -401,17 +457,44 @@ static void world_network(const struct zygote_config *cfg)
 /* In the zygote (its own namespaces, as yet the host's mount tree): build the session's
  * world and enter it. Dies with a message to the supervisor on any failure. */
 static void build_world(const struct zygote_config *cfg, uid_t outer_uid, gid_t outer_gid,
-                        bool userns)
+                        bool userns, struct world_parts *w)
 {
     if (userns)
         world_map_ids(outer_uid, outer_gid);
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
         zdie("make / private");
-    struct world_parts w;
-    world_take(cfg, &w);
-    world_assemble(cfg, &w);
+    world_take(cfg, w);
+    world_assemble(cfg, w);
+    if (cfg->session_root)
+        world_attach_session(cfg, w, NEWROOT, cfg->session_root);
     world_seal_and_pivot();
     world_network(cfg);
+}
+
+/* A world made ahead of its session (cfg->session_root NULL) waits here for the session
+ * (zygote_bind): the path of its root, with detached copies of the root and its tmp the
+ * supervisor took. The root, sealed read-only at the pivot, is writable only while they
+ * are attached; no tool has run here yet. */
+static void world_bind(const struct zygote_config *cfg, struct world_parts *w)
+{
+    char msg[4096 + 2];
+    int fds[3], nfds;
+    ssize_t n = recv_with_fds(ZYG_FD, msg, sizeof msg - 1, fds, 3, &nfds);
+    if (n <= 0)
+        _exit(0);           /* stopped before it had a session */
+    msg[n] = 0;
+    if (n < 3 || msg[0] != 'B' || msg[1] != '/' || strlen(msg) != (size_t)n || nfds != 3) {
+        errno = EPROTO;
+        zdie("the session to bind");
+    }
+    w->session = fds[0];
+    w->session_tmp[0] = fds[1];
+    w->session_tmp[1] = fds[2];
+    if (mount(NULL, "/", NULL, MS_REMOUNT | MS_NOSUID | MS_NODEV, "mode=0755") < 0)
+        zdie("writable root");
+    world_attach_session(cfg, w, "", msg + 1);
+    if (mount(NULL, "/", NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755") < 0)
+        zdie("read-only root");
 }
 
 /* A request as the zygote got it, checked and pointing into its buffer. */
@@ -680,9 +763,9 @@ struct zygote *zygote_start_begin(const struct zygote_config *cfg, char **err)
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, &old);
     int pidfd = -1;
-    int flags = cfg->plain ? 0 : CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
-                                     (userns ? CLONE_NEWUSER : 0);
-    pid_t pid = (pid_t)syscall(SYS_clone, flags | CLONE_PIDFD | SIGCHLD, NULL, &pidfd, NULL, 0);
+    int nsflags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
+                  (userns ? CLONE_NEWUSER : 0);
+    pid_t pid = (pid_t)syscall(SYS_clone, CLONE_PIDFD | SIGCHLD, NULL, &pidfd, NULL, 0);
     if (pid == 0) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
@@ -712,8 +795,16 @@ struct zygote *zygote_start_begin(const struct zygote_config *cfg, char **err)
             dup2(devnull, 1);
             close(devnull);
         }
-        if (!cfg->plain)
-            build_world(cfg, uid, gid, userns);
+        if (!cfg->plain) {
+            /* made here, not by the clone: a network namespace takes the caller half a
+             * millisecond, and the caller is the supervisor's loop */
+            if (unshare(nsflags) < 0)
+                zdie("namespaces");
+            struct world_parts w;
+            build_world(cfg, uid, gid, userns, &w);
+            if (!cfg->session_root)
+                world_bind(cfg, &w);
+        }
         send_with_fds(ZYG_FD, "R", 1, NULL, 0);     /* ready */
         zygote_serve(!cfg->plain);
     }
@@ -732,6 +823,7 @@ struct zygote *zygote_start_begin(const struct zygote_config *cfg, char **err)
     z->pidfd = pidfd;
     z->sock = sv[0];
     z->plain = cfg->plain;
+    z->unbound = !cfg->plain && !cfg->session_root;
     z->starting = true;
     return z;
 }
@@ -777,6 +869,56 @@ int zygote_start_finish(struct zygote *z, char **err)
         zygote_stop(z);
         return -1;
     }
+    return 0;
+}
+
+bool zygote_prepare_enabled(void)
+{
+    const char *v = getenv("STOCKADE_PREPARED");
+    /* the session's root is handed over as a detached mount: open_tree takes root */
+    return sandbox_caps()->root && !(v && strcmp(v, "0") == 0);
+}
+
+int zygote_bind(struct zygote *z, const char *session_root, char **err)
+{
+    if (!z->unbound) {
+        *err = xasprintf("zygote_bind: this zygote has its session");
+        errno = EINVAL;
+        return -1;
+    }
+    /* it says nothing before its session: a word now is its last (its world failed) */
+    struct pollfd pf = {z->sock, POLLIN, 0};
+    if (poll(&pf, 1, 0) != 0 || !zygote_alive(z)) {
+        if (start_complete(z, err) == 0)
+            *err = xasprintf("a zygote made ahead spoke before its session");
+        errno = EPIPE;
+        return -1;
+    }
+    size_t len = strlen(session_root);
+    if (session_root[0] != '/' || len > 4096) {
+        *err = xasprintf("session root %s: not an absolute path of at most 4096 bytes",
+                         session_root);
+        errno = EINVAL;
+        return -1;
+    }
+    int trees[3];
+    const char *what = NULL;
+    if (session_trees_clone(session_root, &trees[0], &trees[1], &what) < 0) {
+        *err = xasprintf("%s: %s", what, strerror(errno));
+        return -1;
+    }
+    char *msg = xasprintf("B%s", session_root);
+    ssize_t n = send_with_fds(z->sock, msg, len + 1, trees, 3);
+    int e = errno;
+    free(msg);
+    for (int i = 0; i < 3; i++)
+        close(trees[i]);
+    if (n != (ssize_t)len + 1) {
+        *err = xasprintf("hand the session to its zygote: %s", strerror(e));
+        errno = e;
+        return -1;
+    }
+    z->unbound = false;     /* starting: its ready word (or last words) comes next */
     return 0;
 }
 

@@ -15,7 +15,7 @@
 struct zygote_config {
     bool plain;             /* no namespaces, no world: only the spares (process isolation) */
     const char *state_dir;
-    const char *session_root;
+    const char *session_root;   /* NULL: a world made ahead of its session (zygote_bind) */
     const struct sandbox_mount *mounts;
     size_t nmounts;
     bool loopback_up;       /* network "loopback": lo is up; "none": lo down too */
@@ -42,6 +42,7 @@ struct zygote {
     int coming;             /* spares the shims of ones handed out will ask for */
     int want;               /* how many to keep ahead: ready + asked + coming */
     bool starting;          /* forked, its ready message not read yet */
+    bool unbound;           /* made ahead: its world waits for a session (zygote_bind) */
     bool one_shot;          /* zygote_one_shot: one spare, and no successor for it */
     int waiting;            /* calls waiting for a spare (or for the start) */
 };
@@ -57,6 +58,14 @@ struct zygote *zygote_start(const struct zygote_config *cfg, char **err);
 struct zygote *zygote_start_begin(const struct zygote_config *cfg, char **err);
 int zygote_start_fd(const struct zygote *z);
 int zygote_start_finish(struct zygote *z, char **err);
+/* Worlds made ahead (as root: the session's root is handed over as a detached mount,
+ * which takes CAP_SYS_ADMIN; off with STOCKADE_PREPARED=0). zygote_start_begin with
+ * session_root NULL starts one: it builds everything but the session's part and waits.
+ * zygote_bind gives it a session: its root and tmp are attached, then the zygote is
+ * starting as any other (zygote_start_fd, zygote_start_finish). -1 and *err (the zygote
+ * left as it was, to be stopped) if it died or the root could not be taken. */
+bool zygote_prepare_enabled(void);
+int zygote_bind(struct zygote *z, const char *session_root, char **err);
 /* A zygote on its way may also be given to a session as it is (an adopted session's, or
  * one whose zygote died): its calls wait for it as for a spare (below). */
 /* Start a call inside it: like spawn_start, but the shim is a spare the zygote made

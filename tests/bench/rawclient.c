@@ -4,7 +4,8 @@
  *
  *   rawclient [OPTIONS] -- SERVE_ARGV...
  *
- *   --mode seq     open --sessions M sessions (one after another), then -n N sequential
+ *   --mode seq     open --sessions M sessions (one after another, --open-gap-ms G apart:
+ *                  default 0, back to back), then -n N sequential
  *                  calls in the first one (after --warmup W). Prints
  *                    rss_idle KB        the supervisor's VmRSS after hello (x5 samples)
  *                    open NS            each session.open's round trip
@@ -375,7 +376,7 @@ static void sample_mem(const char *label, int with_kids)
 int main(int argc, char **argv)
 {
     const char *mode = "seq";
-    long n = 100, warmup = 5, sessions = 1, inflight = 1, reps = 1;
+    long n = 100, warmup = 5, sessions = 1, inflight = 1, reps = 1, open_gap_ms = 0;
     int i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i];
@@ -391,6 +392,8 @@ int main(int argc, char **argv)
             warmup = atol(v), i++;
         else if (strcmp(a, "--sessions") == 0)
             sessions = atol(v), i++;
+        else if (strcmp(a, "--open-gap-ms") == 0)
+            open_gap_ms = atol(v), i++;
         else if (strcmp(a, "--inflight") == 0)
             inflight = atol(v), i++;
         else if (strcmp(a, "--reps") == 0)
@@ -445,6 +448,8 @@ int main(int argc, char **argv)
         sample_mem("rss_idle", 0);
         for (long s = 0; s < sessions; s++) {
             long long ns;
+            if (s > 0 && open_gap_ms > 0)
+                usleep((useconds_t)open_gap_ms * 1000);
             sid[s] = open_session(&ns);
             printf("open %lld\n", ns);
         }
