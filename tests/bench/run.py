@@ -231,6 +231,7 @@ class Ctx:
 
 # Runners off: every call a shim of its own (core/zygote.h), for the comparison rows.
 ONE_SHIM = {"STOCKADE_RUNNERS": "0"}
+NO_AHEAD = {"STOCKADE_PREPARED": "0"}
 
 
 def run_floor(ctx, mode, n, cmd, keep_env=False, timeout=None):
@@ -482,6 +483,14 @@ def section_latency(ctx, bench):
                                   [x / 1e6 for x in col(probe_opens(ctx, iso), "open")],
                                   base=base, note="raw C client; see also section 4",
                                   key=f"open:{iso}"))
+                    if iso == "strict":
+                        # each session building its own world, as without root
+                        bench.add(Row(sec, "session.open round trip (strict), no world "
+                                      "made ahead", "ms",
+                                      [x / 1e6 for x in col(probe_opens(ctx, iso, NO_AHEAD),
+                                                            "open")],
+                                      base=base, note="STOCKADE_PREPARED=0",
+                                      key="open1:strict"))
             except RuntimeError as e:
                 bench.fail(label, str(e))
                 bench.skip(sec, label, "ms", "failed", key=f"raw:{iso}:{cmd_name}")
@@ -519,11 +528,12 @@ def section_latency(ctx, bench):
                               [x / 1e6 for x in xs], base=base, key="version"))
 
 
-def probe_opens(ctx, iso):
-    """A few more session.open round trips (the seq run above opens only one)."""
+def probe_opens(ctx, iso, env=None):
+    """A few more session.open round trips (the seq run above opens only one), back to
+    back."""
     n = 5 if ctx.args.quick else 30
     return run_rawclient(ctx, ["--mode", "seq", "--sessions", n, "-n", 1, "--warmup", 0],
-                         iso, 600)
+                         iso, 600, env=env)
 
 
 def hyperfine_row(ctx, bench, sec, base):
