@@ -953,10 +953,17 @@ static void helpers_retire(struct server *srv, struct zygote *z)
 }
 
 /* The spawner died (killed, OOM): start another, hand it to the sessions that borrowed
- * the old one. Until one starts, calls fork from the server. */
+ * the old one. Until one starts, calls fork from the server. A world made ahead that
+ * died is replaced too (a session.open would build its own meanwhile). */
 static void spawner_check(struct server *srv)
 {
     helpers_retire(srv, NULL);
+    if (srv->prepared && !zygote_alive(srv->prepared)) {
+        LOG_W("the session world made ahead died; another is made");
+        zygote_stop(srv->prepared);
+        srv->prepared = NULL;
+        prepared_refill(srv);
+    }
     if (!srv->spawner || zygote_alive(srv->spawner))
         return;
     struct zygote *old = srv->spawner;

@@ -1203,7 +1203,7 @@ unsigned zygote_standby(struct zygote *z, int wait_ms, unsigned *fds)
     if (z->starting) {              /* only itself so far, and its socket */
         if (fds)
             *fds += 2;
-        return 1;
+        return zygote_alive(z) ? 1 : 0;
     }
     if (!zygote_alive(z)) {
         /* its spares died with it (PDEATHSIG): none is standing by, and none is coming */

@@ -152,3 +152,21 @@ def test_one_world_is_kept_ahead_and_none_is_left(stockade, state_dir, level):
             s.close()
         left = wait_until(lambda: _worlds(pid) if len(_worlds(pid)) == 1 else None, 20)
         assert left and left[0] not in ahead, (ahead, _worlds(pid))
+
+
+@strict_only("worlds made ahead are strict's")
+def test_a_killed_world_made_ahead_is_replaced_and_reaped(stockade, state_dir, level):
+    with serve_client(stockade, state_dir, POLICIES[level]) as client:
+        pid = client.proc.pid
+        ahead = wait_until(lambda: _worlds(pid) if len(_worlds(pid)) == 1 else None, 20)
+        assert ahead, f"no world made ahead: {_worlds(pid)}"
+        os.kill(ahead[0], 9)
+        s = client.open_session()           # builds its own, or a replacement's
+        r = s.call("sh", ["-c", "echo fine"])
+        assert r.ok and r.stdout == b"fine\n", (r.class_, r.message)
+        # the dead one reaped (no zombie left), one world made ahead again beside the
+        # session's
+        now = wait_until(lambda: _worlds(pid) if len(_worlds(pid)) == 2 and
+                         not os.path.exists(f"/proc/{ahead[0]}") else None, 20)
+        assert now, (ahead, _worlds(pid))
+        s.close()
