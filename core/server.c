@@ -79,6 +79,7 @@ struct srv_session {
     struct close_waiter *waiters;
     /* strict: the zygote on its way; session.open is answered when it is ready */
     struct zygote *starting;
+    bool starting_ahead;            /* it is the world made ahead, given this session */
     ev_io zygote_ready;
     struct srv_conn *open_conn;     /* NULL once it went away */
     uint32_t open_msgid;
@@ -632,6 +633,9 @@ static void on_root_removed(void *ud, bool removed)
     free(ss);
 }
 
+static void prepared_refill(struct server *srv);
+static bool errno_is_shortage(int e);
+
 /* The last call of an ending session is answered: its processes end, its root goes off
  * the loop (a tool decides how big it is), and the close is answered once it is gone. */
 static void session_finish(struct srv_session *ss)
@@ -644,6 +648,7 @@ static void session_finish(struct srv_session *ss)
         if (ss->open_conn)
             rpc_send_error(ss->open_conn->rpc, ss->open_msgid, "INTERNAL", false,
                            "the session ended before its sandbox was ready", NULL);
+        prepared_refill(srv);       /* it may have taken the world made ahead */
     }
     for (struct srv_session **pp = &srv->sessions; *pp; pp = &(*pp)->next) {
         if (*pp == ss) {
@@ -724,7 +729,6 @@ static void pack_session_info(msgpack_packer *pk, const struct srv_session *ss)
 }
 
 /* Reattach: the same uid may pick up its session on another connection. */
-static void prepared_refill(struct server *srv);
 
 /* A strict session's zygote is ready (or failed): session.open is answered now. */
 static void on_zygote_ready(struct ev_loop *loop, ev_io *w, int revents)
@@ -736,6 +740,8 @@ static void on_zygote_ready(struct ev_loop *loop, ev_io *w, int revents)
     ss->starting = NULL;
     char *err = NULL;
     struct server *srv = ss->srv;
+    bool ahead = ss->starting_ahead;
+    ss->starting_ahead = false;
     if (zygote_start_finish(z, &err) == 0) {
         ss->s->zygote = z;
         if (ss->open_conn) {
@@ -745,9 +751,33 @@ static void on_zygote_ready(struct ev_loop *loop, ev_io *w, int revents)
         }
         ss->open_conn = NULL;
     } else {
+        int e = errno;
+        struct zygote *own = NULL;
+        char *why = NULL;
+        /* a world made ahead that died (killed, OOM) before it took the session: the
+         * session builds its own, once */
+        if (ahead && session_isolate_begin(ss->s, srv->policy, srv->spawner, NULL, &own,
+                                           &why) && own) {
+            LOG_W("session %s: the world made ahead failed (%s); it builds its own",
+                  ss->s->id, err);
+            free(err);
+            ss->starting = own;
+            ev_io_init(&ss->zygote_ready, on_zygote_ready, zygote_start_fd(own), EV_READ);
+            ev_io_start(loop, &ss->zygote_ready);
+            prepared_refill(srv);
+            return;
+        }
+        if (why) {
+            free(err);
+            err = why;
+            e = errno;
+        }
         LOG_W("session.open: %s", err);
+        /* short of namespaces, memory or processes: retryable, and said so */
+        bool shortage = errno_is_shortage(e);
         if (ss->open_conn)
-            rpc_send_error(ss->open_conn->rpc, ss->open_msgid, "INTERNAL", false, err, NULL);
+            rpc_send_error(ss->open_conn->rpc, ss->open_msgid,
+                           shortage ? "OVERLOADED" : "INTERNAL", shortage, err, NULL);
         free(err);
         ss->open_conn = NULL;
         session_end(ss, NULL);
@@ -816,6 +846,7 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
     char *err = NULL;
     struct session *s = NULL;
     struct zygote *starting = NULL;
+    bool starting_ahead = false;
     if (srv->draining) {
         rpc_send_error(conn->rpc, msgid, "OVERLOADED", true, "the server is shutting down", NULL);
     } else if ((int64_t)srv->nsessions >= srv->policy->limits.sessions) {
@@ -843,12 +874,14 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
         int saved = errno;
         if (srv->prepared && srv->prepared_gen != srv->policy->generation)
             prepared_refill(srv);       /* made for an older policy */
+        struct zygote *ahead = srv->prepared;
         if (s && !session_isolate_begin(s, srv->policy, srv->spawner, &srv->prepared,
                                         &starting, &err)) {
             saved = errno;
             session_close(s);
             s = NULL;
         }
+        starting_ahead = s && starting && starting == ahead;
         if (!s) {
             /* short of descriptors, memory or disk: retryable, and said so */
             if (errno_is_shortage(saved))
@@ -862,6 +895,7 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
     }
     if (!s) {
         pairs_free(labels);
+        prepared_refill(srv);           /* if it was taken and could not be used */
         return;
     }
     ended_forget(srv, s->id);
@@ -888,6 +922,7 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
     if (starting) {
         /* its namespaces and mount tree take tens of milliseconds: answered when ready */
         ss->starting = starting;
+        ss->starting_ahead = starting_ahead;
         ss->open_conn = conn;
         ss->open_msgid = msgid;
         ev_io_init(&ss->zygote_ready, on_zygote_ready, zygote_start_fd(starting), EV_READ);

@@ -430,7 +430,7 @@ bool session_isolate_begin(struct session *s, const struct policy *p, struct zyg
         if (ahead) {
             *prepared = NULL;
             char *why = NULL;
-            if (zygote_bind(ahead, s->root, &why) == 0) {
+            if (zygote_bind(ahead, s->root, p->mounts, p->nmounts, &why) == 0) {
                 *starting = ahead;
                 return true;
             }

@@ -36,6 +36,7 @@
 #define ZYG_SPARE 0x5a595350u      /* "make me a spare" */
 #define ZYG_ASK_R 4                /* the zygote's end of the shims' ask pipe */
 #define ZYG_ASK_W 5
+#define ZYG_MAX_FDS 64             /* descriptors one message carries at most */
 
 /* A spawn_req flattened for the socket: fixed fields, then NUL-separated strings:
  * path, cwd, session_root, argv..., envp..., rw_paths... */
@@ -68,7 +69,7 @@ static char *next_str(char **p, char *end)
 /* fds travel with the message (SCM_RIGHTS); -1 entries are left out */
 static ssize_t send_with_fds(int sock, const void *data, size_t len, const int *fds, int nfds)
 {
-    char cbuf[CMSG_SPACE(sizeof(int) * 8)];
+    char cbuf[CMSG_SPACE(sizeof(int) * ZYG_MAX_FDS)];
     memset(cbuf, 0, sizeof cbuf);
     struct iovec iov = {(void *)data, len};
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
@@ -91,7 +92,7 @@ static ssize_t send_with_fds(int sock, const void *data, size_t len, const int *
 static ssize_t recv_with_fds_flags(int sock, void *data, size_t len, int *fds, int maxfds,
                                    int *nfds, int flags)
 {
-    char cbuf[CMSG_SPACE(sizeof(int) * 8)];
+    char cbuf[CMSG_SPACE(sizeof(int) * ZYG_MAX_FDS)];
     struct iovec iov = {data, len};
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
                         .msg_controllen = sizeof cbuf};
@@ -131,7 +132,7 @@ static void zdie(const char *what)
 {
     /* the supervisor reads this line from the zygote's first message */
     char msg[256];
-    snprintf(msg, sizeof msg, "E%s: %s", what, strerror(errno));
+    snprintf(msg, sizeof msg, "E%d:%s: %s", errno, what, strerror(errno));
     send_with_fds(ZYG_FD, msg, strlen(msg), NULL, 0);
     _exit(1);
 }
@@ -304,7 +305,8 @@ static void world_take(const struct zygote_config *cfg, struct world_parts *w)
         w->dev[i] = clone_tree(p, false);
     }
     w->mounts = xcalloc(cfg->nmounts + 1, sizeof *w->mounts);
-    for (size_t i = 0; i < cfg->nmounts; i++) {
+    /* a world made ahead gets them with its session, as they are then (zygote_bind) */
+    for (size_t i = 0; cfg->session_root && i < cfg->nmounts; i++) {
         w->mounts[i] = clone_tree(cfg->mounts[i].src, true);
         if (w->mounts[i] < 0)
             zdie(cfg->mounts[i].src);
@@ -478,18 +480,21 @@ static void build_world(const struct zygote_config *cfg, uid_t outer_uid, gid_t 
 static void world_bind(const struct zygote_config *cfg, struct world_parts *w)
 {
     char msg[4096 + 2];
-    int fds[3], nfds;
-    ssize_t n = recv_with_fds(ZYG_FD, msg, sizeof msg - 1, fds, 3, &nfds);
+    int fds[ZYG_MAX_FDS], nfds;
+    ssize_t n = recv_with_fds(ZYG_FD, msg, sizeof msg - 1, fds, ZYG_MAX_FDS, &nfds);
     if (n <= 0)
         _exit(0);           /* stopped before it had a session */
     msg[n] = 0;
-    if (n < 3 || msg[0] != 'B' || msg[1] != '/' || strlen(msg) != (size_t)n || nfds != 3) {
+    if (n < 3 || msg[0] != 'B' || msg[1] != '/' || strlen(msg) != (size_t)n ||
+        (size_t)nfds != 3 + cfg->nmounts) {
         errno = EPROTO;
         zdie("the session to bind");
     }
     w->session = fds[0];
     w->session_tmp[0] = fds[1];
     w->session_tmp[1] = fds[2];
+    for (size_t i = 0; i < cfg->nmounts; i++)
+        w->mounts[i] = fds[3 + i];
     if (mount(NULL, "/", NULL, MS_REMOUNT | MS_NOSUID | MS_NODEV, "mode=0755") < 0)
         zdie("writable root");
     world_attach_session(cfg, w, "", msg + 1);
@@ -848,9 +853,14 @@ static int start_complete(struct zygote *z, char **err)
     z->starting = false;
     if (n != 1 || hello[0] != 'R') {
         hello[n > 1 ? n : 1] = 0;
+        /* its last words: E<errno>:<what>: <why> */
+        char *text = n > 1 ? hello + 1 : NULL;
+        long code = text ? strtol(text, &text, 10) : 0;
+        text = text && *text == ':' ? text + 1 : text;
         *err = xasprintf("the session's sandbox could not be built: %s",
-                         n > 1 ? hello + 1 : "the zygote died");
+                         text ? text : "the zygote died");
         z->broken = true;
+        errno = code > 0 ? (int)code : EPIPE;   /* ENOSPC for namespaces: retryable */
         return -1;
     }
     /* the server's spawner serves every session's calls at once: keep a few ahead */
@@ -866,7 +876,9 @@ static int start_complete(struct zygote *z, char **err)
 int zygote_start_finish(struct zygote *z, char **err)
 {
     if (start_complete(z, err) < 0) {
+        int e = errno;
         zygote_stop(z);
+        errno = e;
         return -1;
     }
     return 0;
@@ -879,7 +891,29 @@ bool zygote_prepare_enabled(void)
     return sandbox_caps()->root && !(v && strcmp(v, "0") == 0);
 }
 
-int zygote_bind(struct zygote *z, const char *session_root, char **err)
+/* Detached copies of the policy's mounts, as world_take makes them (read-only where
+ * asked), private: n of them in fds[], or -1 and *err (none left open). */
+static int policy_mounts_clone(const struct sandbox_mount *mounts, size_t n, int *fds,
+                               char **err)
+{
+    struct mount_attr a = {.propagation = MS_PRIVATE};
+    for (size_t i = 0; i < n; i++) {
+        fds[i] = clone_tree(mounts[i].src, true);
+        a.attr_set = mounts[i].ro ? MOUNT_ATTR_RDONLY : 0;
+        if (fds[i] < 0 || syscall(SYS_mount_setattr, fds[i], "", AT_EMPTY_PATH | AT_RECURSIVE,
+                                  &a, sizeof a) < 0) {
+            *err = xasprintf("%s: %s", mounts[i].src, strerror(errno));
+            for (size_t j = 0; j <= i; j++)
+                if (fds[j] >= 0)
+                    close(fds[j]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int zygote_bind(struct zygote *z, const char *session_root, const struct sandbox_mount *mounts,
+                size_t nmounts, char **err)
 {
     if (!z->unbound) {
         *err = xasprintf("zygote_bind: this zygote has its session");
@@ -901,17 +935,30 @@ int zygote_bind(struct zygote *z, const char *session_root, char **err)
         errno = EINVAL;
         return -1;
     }
-    int trees[3];
+    if (nmounts > ZYG_MAX_FDS - 3) {
+        *err = xasprintf("%zu policy mounts: a world made ahead takes at most %d",
+                         nmounts, ZYG_MAX_FDS - 3);
+        errno = E2BIG;
+        return -1;
+    }
+    int trees[ZYG_MAX_FDS];
     const char *what = NULL;
     if (session_trees_clone(session_root, &trees[0], &trees[1], &what) < 0) {
         *err = xasprintf("%s: %s", what, strerror(errno));
         return -1;
     }
+    if (policy_mounts_clone(mounts, nmounts, trees + 3, err) < 0) {
+        int e = errno;
+        for (int i = 0; i < 3; i++)
+            close(trees[i]);
+        errno = e;
+        return -1;
+    }
     char *msg = xasprintf("B%s", session_root);
-    ssize_t n = send_with_fds(z->sock, msg, len + 1, trees, 3);
+    ssize_t n = send_with_fds(z->sock, msg, len + 1, trees, 3 + (int)nmounts);
     int e = errno;
     free(msg);
-    for (int i = 0; i < 3; i++)
+    for (size_t i = 0; i < 3 + nmounts; i++)
         close(trees[i]);
     if (n != (ssize_t)len + 1) {
         *err = xasprintf("hand the session to its zygote: %s", strerror(e));

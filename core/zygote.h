@@ -61,11 +61,13 @@ int zygote_start_finish(struct zygote *z, char **err);
 /* Worlds made ahead (as root: the session's root is handed over as a detached mount,
  * which takes CAP_SYS_ADMIN; off with STOCKADE_PREPARED=0). zygote_start_begin with
  * session_root NULL starts one: it builds everything but the session's part and waits.
- * zygote_bind gives it a session: its root and tmp are attached, then the zygote is
+ * zygote_bind gives it a session: its root and tmp, and the mounts of the policy it was
+ * made for (taken now, as their sources are now), are attached, then the zygote is
  * starting as any other (zygote_start_fd, zygote_start_finish). -1 and *err (the zygote
  * left as it was, to be stopped) if it died or the root could not be taken. */
 bool zygote_prepare_enabled(void);
-int zygote_bind(struct zygote *z, const char *session_root, char **err);
+int zygote_bind(struct zygote *z, const char *session_root, const struct sandbox_mount *mounts,
+                size_t nmounts, char **err);
 /* A zygote on its way may also be given to a session as it is (an adopted session's, or
  * one whose zygote died): its calls wait for it as for a spare (below). */
 /* Start a call inside it: like spawn_start, but the shim is a spare the zygote made

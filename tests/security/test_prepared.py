@@ -170,3 +170,26 @@ def test_a_killed_world_made_ahead_is_replaced_and_reaped(stockade, state_dir, l
                          not os.path.exists(f"/proc/{ahead[0]}") else None, 20)
         assert now, (ahead, _worlds(pid))
         s.close()
+
+
+@strict_only("policy mounts exist only in the strict world")
+def test_a_policy_mount_is_taken_as_it_is_when_the_session_opens(stockade, state_dir, cleanup,
+                                                                 level):
+    """The operator replaces a mount's source after the world was made ahead: the next
+    session sees the new one, as a world built for it would."""
+    src = os.path.join(VISIBLE_BASE, "prep-src-" + secrets.token_hex(4))
+    cleanup(src)
+    cleanup(src + ".old")
+    os.mkdir(src, 0o755)
+    write_file(os.path.join(src, "f"), "OLD\n")
+    pol = _policy(state_dir, mounts=f'{{ "{src}", "workspace/x", ro = true }}')
+    with serve_client(stockade, state_dir, pol) as client:
+        pid = client.proc.pid
+        assert wait_until(lambda: len(_worlds(pid)) == 1, 20), "no world made ahead"
+        os.rename(src, src + ".old")
+        os.mkdir(src, 0o755)
+        write_file(os.path.join(src, "f"), "NEW\n")
+        s = client.open_session()
+        r = s.call("sh", ["-c", 'cat "$AGENT_ROOT/workspace/x/f"'])
+        assert r.ok and r.stdout == b"NEW\n", (r.class_, r.stdout, r.stderr)
+        s.close()
