@@ -2572,6 +2572,10 @@ struct server *server_new(const struct server_opts *opts)
     if (!srv->loop)
         die("cannot create the event loop");
     proc_init(srv->loop);
+    /* after an upgrade (the same pid), the old image's helpers it killed before its exec:
+     * those that died meanwhile sent their SIGCHLD to it, and would wait as zombies for
+     * the next child of ours to exit */
+    proc_reap();
     policy_set_clock_refresh(refresh_loop_clock, srv->loop);
     srv->remover = remover_new(srv->loop);
     ev_signal_init(&srv->sighup, on_signal, SIGHUP);

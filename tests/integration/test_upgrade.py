@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from serve_helpers import ServeProc, sessions_left, wait_until
+from serve_helpers import ServeProc, children, sessions_left, wait_until
 from stockade_client import Client, ConnectionClosed
 from stockade_testlib import fixture_levels
 
@@ -77,6 +77,10 @@ def test_upgrade_keeps_sessions_files_and_socket(binary_copy, state_dir, tmp_pat
         assert srv.alive()
         wait_until(lambda: os.stat(f"/proc/{srv.pid}/exe").st_ino == new_ino, 10,
                    "the server running the new binary")
+        # the old image's helpers, killed before the exec, are reaped by the new one
+        # before anything of its own exits (no SIGCHLD of its own to wait for)
+        wait_until(lambda: not children(srv.pid)[1], 10,
+                   "no zombie left of the old image's helpers")
         s2 = c2.open_session(session_id="agent-7")
         assert s2.root == s.root
         r = s2.call("sh", ["-c", "cat $AGENT_ROOT/workspace/notes"])
