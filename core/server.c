@@ -2448,6 +2448,11 @@ static void upgrade_begin(struct server *srv)
         srv->sessions = ss->next;
         ev_timer_stop(srv->loop, &ss->lease);
         ev_timer_stop(srv->loop, &ss->fuse);
+        if (ss->starting) {             /* its zygote, still building: its watcher goes too */
+            ev_io_stop(srv->loop, &ss->zygote_ready);
+            zygote_stop(ss->starting);
+            ss->starting = NULL;
+        }
         ss->s->keep_root = true;        /* and its record: the next image adopts it */
         session_close(ss->s);
         free(ss);
