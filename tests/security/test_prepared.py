@@ -53,6 +53,19 @@ def _probe(session, other, tmp_name):
     return json.loads(r.stdout)
 
 
+def _worlds_when(server_pid, n, bound=20):
+    """The server's worlds once there are n of them (a list), or None after `bound` s."""
+    return wait_until(lambda: (lambda w: w if len(w) == n else None)(_worlds(server_pid)),
+                      bound)
+
+
+def _world_ahead(server_pid):
+    """The one world made ahead of a server with no session (its pid)."""
+    ahead = _worlds_when(server_pid, 1)
+    assert ahead, f"no world made ahead: {_worlds(server_pid)}"
+    return ahead[0]
+
+
 def _worlds(server_pid):
     """The server's children in a network namespace of their own: session zygotes and
     the world made ahead (the spawner shares the host's)."""
@@ -140,34 +153,32 @@ def test_a_reload_remakes_the_world_made_ahead(stockade, state_dir, level):
 def test_one_world_is_kept_ahead_and_none_is_left(stockade, state_dir, level):
     with serve_client(stockade, state_dir, POLICIES[level]) as client:
         pid = client.proc.pid
-        ahead = wait_until(lambda: _worlds(pid) if len(_worlds(pid)) == 1 else None, 20)
-        assert ahead, f"no world made ahead: {_worlds(pid)}"
+        ahead = _world_ahead(pid)
         sessions = [client.open_session() for _ in range(3)]
         for s in sessions:
             assert s.call("true").ok
         # each session's own world, and one more made ahead (not the first one: taken)
-        now = wait_until(lambda: _worlds(pid) if len(_worlds(pid)) == 4 else None, 20)
-        assert now and ahead[0] in now, (ahead, _worlds(pid))
+        now = _worlds_when(pid, 4)
+        assert now and ahead in now, (ahead, _worlds(pid))
         for s in sessions:
             s.close()
-        left = wait_until(lambda: _worlds(pid) if len(_worlds(pid)) == 1 else None, 20)
-        assert left and left[0] not in ahead, (ahead, _worlds(pid))
+        left = _worlds_when(pid, 1)
+        assert left and left[0] != ahead, (ahead, _worlds(pid))
 
 
 @strict_only("worlds made ahead are strict's")
 def test_a_killed_world_made_ahead_is_replaced_and_reaped(stockade, state_dir, level):
     with serve_client(stockade, state_dir, POLICIES[level]) as client:
         pid = client.proc.pid
-        ahead = wait_until(lambda: _worlds(pid) if len(_worlds(pid)) == 1 else None, 20)
-        assert ahead, f"no world made ahead: {_worlds(pid)}"
-        os.kill(ahead[0], 9)
+        ahead = _world_ahead(pid)
+        os.kill(ahead, 9)
         s = client.open_session()           # builds its own, or a replacement's
         r = s.call("sh", ["-c", "echo fine"])
         assert r.ok and r.stdout == b"fine\n", (r.class_, r.message)
         # the dead one reaped (no zombie left), one world made ahead again beside the
         # session's
-        now = wait_until(lambda: _worlds(pid) if len(_worlds(pid)) == 2 and
-                         not os.path.exists(f"/proc/{ahead[0]}") else None, 20)
+        now = wait_until(lambda: len(_worlds(pid)) == 2 and not os.path.exists(f"/proc/{ahead}"),
+                         20)
         assert now, (ahead, _worlds(pid))
         s.close()
 
@@ -184,8 +195,7 @@ def test_a_policy_mount_is_taken_as_it_is_when_the_session_opens(stockade, state
     write_file(os.path.join(src, "f"), "OLD\n")
     pol = _policy(state_dir, mounts=f'{{ "{src}", "workspace/x", ro = true }}')
     with serve_client(stockade, state_dir, pol) as client:
-        pid = client.proc.pid
-        assert wait_until(lambda: len(_worlds(pid)) == 1, 20), "no world made ahead"
+        _world_ahead(client.proc.pid)
         os.rename(src, src + ".old")
         os.mkdir(src, 0o755)
         write_file(os.path.join(src, "f"), "NEW\n")
