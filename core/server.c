@@ -79,7 +79,6 @@ struct srv_session {
     struct close_waiter *waiters;
     /* strict: the zygote on its way; session.open is answered when it is ready */
     struct zygote *starting;
-    bool starting_ahead;            /* it is the world made ahead, given this session */
     ev_io zygote_ready;
     struct srv_conn *open_conn;     /* NULL once it went away */
     uint32_t open_msgid;
@@ -729,7 +728,6 @@ static void pack_session_info(msgpack_packer *pk, const struct srv_session *ss)
 }
 
 /* Reattach: the same uid may pick up its session on another connection. */
-
 /* A strict session's zygote is ready (or failed): session.open is answered now. */
 static void on_zygote_ready(struct ev_loop *loop, ev_io *w, int revents)
 {
@@ -740,8 +738,7 @@ static void on_zygote_ready(struct ev_loop *loop, ev_io *w, int revents)
     ss->starting = NULL;
     char *err = NULL;
     struct server *srv = ss->srv;
-    bool ahead = ss->starting_ahead;
-    ss->starting_ahead = false;
+    bool ahead = z->made_ahead;
     if (zygote_start_finish(z, &err) == 0) {
         ss->s->zygote = z;
         if (ss->open_conn) {
@@ -846,7 +843,6 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
     char *err = NULL;
     struct session *s = NULL;
     struct zygote *starting = NULL;
-    bool starting_ahead = false;
     if (srv->draining) {
         rpc_send_error(conn->rpc, msgid, "OVERLOADED", true, "the server is shutting down", NULL);
     } else if ((int64_t)srv->nsessions >= srv->policy->limits.sessions) {
@@ -874,14 +870,12 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
         int saved = errno;
         if (srv->prepared && srv->prepared_gen != srv->policy->generation)
             prepared_refill(srv);       /* made for an older policy */
-        struct zygote *ahead = srv->prepared;
         if (s && !session_isolate_begin(s, srv->policy, srv->spawner, &srv->prepared,
                                         &starting, &err)) {
             saved = errno;
             session_close(s);
             s = NULL;
         }
-        starting_ahead = s && starting && starting == ahead;
         if (!s) {
             /* short of descriptors, memory or disk: retryable, and said so */
             if (errno_is_shortage(saved))
@@ -922,7 +916,6 @@ static void session_create(struct srv_conn *conn, uint32_t msgid, const char *id
     if (starting) {
         /* its namespaces and mount tree take tens of milliseconds: answered when ready */
         ss->starting = starting;
-        ss->starting_ahead = starting_ahead;
         ss->open_conn = conn;
         ss->open_msgid = msgid;
         ev_io_init(&ss->zygote_ready, on_zygote_ready, zygote_start_fd(starting), EV_READ);

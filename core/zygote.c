@@ -966,6 +966,7 @@ int zygote_bind(struct zygote *z, const char *session_root, const struct sandbox
         return -1;
     }
     z->unbound = false;     /* starting: its ready word (or last words) comes next */
+    z->made_ahead = true;
     return 0;
 }
 

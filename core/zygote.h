@@ -43,6 +43,7 @@ struct zygote {
     int want;               /* how many to keep ahead: ready + asked + coming */
     bool starting;          /* forked, its ready message not read yet */
     bool unbound;           /* made ahead: its world waits for a session (zygote_bind) */
+    bool made_ahead;        /* made ahead, and given its session */
     bool one_shot;          /* zygote_one_shot: one spare, and no successor for it */
     int waiting;            /* calls waiting for a spare (or for the start) */
 };
