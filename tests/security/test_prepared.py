@@ -203,3 +203,22 @@ def test_a_policy_mount_is_taken_as_it_is_when_the_session_opens(stockade, state
         r = s.call("sh", ["-c", 'cat "$AGENT_ROOT/workspace/x/f"'])
         assert r.ok and r.stdout == b"NEW\n", (r.class_, r.stdout, r.stderr)
         s.close()
+
+
+@strict_only("worlds made ahead are strict's")
+def test_a_session_ended_before_its_answer_leaves_a_world_ahead(stockade, state_dir, level):
+    """A lease shorter than the bind: the session ends while its world (the one made
+    ahead) is still starting, and is refused; the next world is made all the same."""
+    from stockade_client.errors import StockadeError
+    with serve_client(stockade, state_dir, POLICIES[level]) as client:
+        pid = client.proc.pid
+        first = _world_ahead(pid)
+        try:
+            client.open_session(ttl_ms=1).close()
+        except StockadeError:
+            pass                # refused: it ended before its sandbox was ready
+        again = _worlds_when(pid, 1)
+        assert again and again[0] != first, (first, _worlds(pid))
+        s = client.open_session()
+        assert s.call("true").ok
+        s.close()
