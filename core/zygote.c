@@ -922,7 +922,7 @@ int zygote_bind(struct zygote *z, const char *session_root, const struct sandbox
     }
     /* it says nothing before its session: a word now is its last (its world failed) */
     struct pollfd pf = {z->sock, POLLIN, 0};
-    if (poll(&pf, 1, 0) != 0 || !zygote_alive(z)) {
+    if (poll(&pf, 1, 0) > 0 || !zygote_alive(z)) {
         if (start_complete(z, err) == 0)
             *err = xasprintf("a zygote made ahead spoke before its session");
         errno = EPIPE;
